@@ -1,0 +1,1 @@
+"""The HTTP edge: parse, authorize, call a service, render. No policy here."""

@@ -1,0 +1,35 @@
+"""One structured JSON log line per decision (DESIGN "Observability").
+
+Never raw payloads, arguments, tokens or secrets: only ids, the decision,
+its reason and the acting token's name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from flask import g, request
+
+log = logging.getLogger("loopstop.decisions")
+
+
+def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
+    """Emit the decision line for the current request."""
+    principal = getattr(g, "principal", None)
+    started = getattr(g, "started", None)
+    line = {
+        "event": "decision",
+        "request_id": getattr(g, "request_id", None),
+        "route": route,
+        "decision": None if decision is None else str(decision),
+        "reason": None if reason is None else str(reason),
+        "token": principal.name if principal else None,
+        "method": request.method,
+        **{k: v for k, v in fields.items() if v is not None},
+    }
+    if started is not None:
+        line["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    log.info(json.dumps(line, separators=(",", ":"), default=str))

@@ -1,0 +1,44 @@
+"""Liveness, readiness, identity and the OpenAPI document."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, g, jsonify
+
+from sidecar.api import openapi
+from sidecar.api.models import Health, Ready, WhoAmI
+from sidecar.api.openapi import route
+from sidecar.runtime import runtime
+
+public = Blueprint("meta", __name__)
+v1 = Blueprint("whoami", __name__, url_prefix="/v1")
+
+
+@route(public, "/healthz", "GET", summary="Liveness: the process answers.", tag="meta",
+       response=Health, errors=(), auth=False)
+def healthz() -> Response:
+    return jsonify(Health(status="ok").model_dump())
+
+
+@route(public, "/readyz", "GET", summary="Readiness: the store answers (503 when not).",
+       tag="meta", response=Ready, errors=(503,), auth=False)
+def readyz() -> Response:
+    facts = runtime().store.ping()
+    return jsonify(Ready(status="ready", store=facts).model_dump())
+
+
+@public.get("/openapi.json")
+def openapi_json() -> Response:
+    return jsonify(openapi.document())
+
+
+@route(v1, "/whoami", "GET", summary="The token's name and scope (n8n credential test).",
+       tag="meta", response=WhoAmI, errors=(401, 403))
+def whoami() -> Response:
+    p = g.principal
+    view = WhoAmI(
+        name=p.name,
+        workflows=["*"] if p.workflows is None else sorted(p.workflows),
+        admin=p.admin,
+        authenticated=p.authenticated,
+    )
+    return jsonify(view.model_dump())

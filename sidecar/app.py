@@ -1,0 +1,128 @@
+"""The Flask application factory.
+
+gunicorn runs ``"sidecar.app:create_app()"`` (``loopstop serve`` does this
+for you); tests call ``create_app({...}, environ={...})`` with a temporary
+store. Nothing is configured at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, g, request
+
+from sidecar.api import meta, operations, problems
+from sidecar.api.models import OperationView
+from sidecar.auth import TokenTable
+from sidecar.canonical import build_fingerprinter
+from sidecar.config import Settings, load_settings
+from sidecar.core.operations import Operation, OperationPolicy
+from sidecar.errors import ConfigError
+from sidecar.runtime import Runtime
+from sidecar.service.operations import OperationService
+from sidecar.store import Store, sqlite_path, store_from_url
+
+log = logging.getLogger("loopstop")
+
+SECRET_FILE_NAME = "loopstop.secret"
+
+
+def secret_file_for(store_url: str) -> Path | None:
+    """Where the generated secret lives: beside the SQLite database; None for Redis."""
+    path = sqlite_path(store_url)
+    return None if path is None else path.parent / SECRET_FILE_NAME
+
+
+def create_app(
+    config: Settings | Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    clock: Callable[[], float] | None = None,
+    store: Store | None = None,
+    announce: bool = True,
+) -> Flask:
+    """Build the sidecar.
+
+    :param config: validated :class:`Settings`, a mapping shaped like the
+        YAML file, or None to read ``LOOPSTOP_CONFIG`` / ``./loopstop.yaml``.
+    :param environ: environment for secrets, tokens and ``LOOPSTOP_STORE``
+        (default ``os.environ``).
+    :param clock: epoch seconds (default ``time.time``); tests inject one.
+    :param store: an already open store (default: from ``settings.store``).
+    :param announce: log the unauthenticated-mode warning (``loopstop
+        serve`` says it once in the master instead).
+    :raises ConfigError: on any invalid setting, a missing secret for a
+        shared store, or a store schema newer than this server.
+    :raises StoreUnavailable: when the store cannot be opened.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    settings = config if isinstance(config, Settings) else load_settings(config, env)
+    try:
+        fingerprinter = build_fingerprinter(env, secret_file_for(settings.store))
+    except (ValueError, OSError) as exc:
+        raise ConfigError([("LOOPSTOP_SECRET", str(exc))]) from exc
+    store = store or store_from_url(settings.store)
+    store.ensure_schema()
+    tokens = TokenTable(settings.tokens, env)
+    clock = clock or time.time
+
+    app = Flask("sidecar")
+    app.config["MAX_CONTENT_LENGTH"] = settings.http.max_body_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["loopstop"] = Runtime(
+        settings=settings,
+        store=store,
+        fingerprinter=fingerprinter,
+        tokens=tokens,
+        clock=clock,
+        operations=OperationService(
+            store,
+            fingerprinter,
+            OperationPolicy(settings.operations.max_attempts, settings.operations.retention_s),
+            settings.operations.lease_s,
+            clock,
+        ),
+    )
+
+    @app.before_request
+    def _start() -> None:
+        g.started = time.perf_counter()
+        incoming = request.headers.get("X-Request-Id", "")
+        g.request_id = incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex
+
+    @app.after_request
+    def _stamp(resp: Response) -> Response:
+        resp.headers["X-Request-Id"] = g.get("request_id", "")
+        resp.headers.setdefault("Cache-Control", "no-store")
+        return resp
+
+    @app.before_request
+    def _authenticate() -> None:
+        if request.path == "/v1" or request.path.startswith("/v1/"):
+            g.principal = tokens.authenticate(
+                request.headers.get("Authorization"), request.remote_addr
+            )
+
+    app.register_blueprint(meta.public)
+    app.register_blueprint(meta.v1)
+    app.register_blueprint(operations.bp)
+    problems.register(app, _render_extra)
+
+    if tokens.open and announce:
+        log.warning(
+            "no tokens configured: serving WITHOUT authentication, loopback callers only"
+        )
+    return app
+
+
+def _render_extra(name: str, value: Any) -> Any:
+    """Render domain objects carried by errors (the record on a 409)."""
+    if isinstance(value, Operation):
+        return OperationView.of(value, g.get("ns", "p")).model_dump(mode="json")
+    return value

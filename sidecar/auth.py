@@ -1,0 +1,116 @@
+"""Bearer tokens and their scopes (DESIGN "HTTP conventions").
+
+Each configured token has a name (shown in logs, never its value), the
+environment variable that holds its value, the workflows it may act for
+(``*`` for all) and whether it is ``admin``. Presented tokens are compared
+in constant time against every configured token (``hmac.compare_digest``
+over SHA-256 digests, no early exit), so timing reveals neither a prefix
+nor which token matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sidecar.config import TokenConfig
+from sidecar.errors import Forbidden, Unauthenticated
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as.
+
+    :ivar workflows: the workflows in scope; None means every workflow (``*``).
+    """
+
+    name: str
+    workflows: frozenset[str] | None
+    admin: bool
+    authenticated: bool = True
+
+    def allows(self, workflow: str | None) -> bool:
+        """True when the scope covers ``workflow`` (None, "no workflow", needs ``*``)."""
+        if self.workflows is None:
+            return True
+        return workflow is not None and workflow in self.workflows
+
+    def require(self, workflow: str | None) -> None:
+        """:raises Forbidden: when the scope does not cover ``workflow``."""
+        if not self.allows(workflow):
+            if workflow is None:
+                raise Forbidden(
+                    f"token {self.name!r} is limited to named workflows: the request must "
+                    "name its workflow"
+                )
+            raise Forbidden(f"token {self.name!r} may not act for workflow {workflow!r}")
+
+    def require_admin(self) -> None:
+        """:raises Forbidden: when the token is not ``admin``."""
+        if not self.admin:
+            raise Forbidden(f"token {self.name!r} is not an admin token")
+
+
+#: The principal of a server with no tokens configured (loopback only).
+ANONYMOUS = Principal(name="anonymous", workflows=None, admin=True, authenticated=False)
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host is None:
+        return False
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TokenTable:
+    """The configured tokens, ready to authenticate ``Authorization`` headers.
+
+    :param tokens: the configuration's token list.
+    :param environ: where token values are read (each ``env`` must be set;
+        :func:`sidecar.config.load_settings` checked that).
+    """
+
+    def __init__(self, tokens: Iterable[TokenConfig], environ: Mapping[str, str]) -> None:
+        self._entries: list[tuple[bytes, Principal]] = []
+        for t in tokens:
+            value = environ.get(t.env, "")
+            scope = None if "*" in t.workflows else frozenset(t.workflows)
+            self._entries.append(
+                (hashlib.sha256(value.encode()).digest(), Principal(t.name, scope, t.admin))
+            )
+
+    @property
+    def open(self) -> bool:
+        """True when no token is configured: serve unauthenticated, loopback only."""
+        return not self._entries
+
+    def authenticate(self, authorization: str | None, remote_addr: str | None) -> Principal:
+        """Resolve the caller from an ``Authorization: Bearer <token>`` header.
+
+        :raises Unauthenticated: header missing, not Bearer, or no token matches.
+        :raises Forbidden: no tokens are configured and the caller is not on loopback.
+        """
+        if self.open:
+            if not is_loopback(remote_addr):
+                raise Forbidden("no tokens are configured: only loopback callers are served")
+            return ANONYMOUS
+        scheme, _, value = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise Unauthenticated("send Authorization: Bearer <token>")
+        digest = hashlib.sha256(value.strip().encode()).digest()
+        found: Principal | None = None
+        for expected, principal in self._entries:
+            if hmac.compare_digest(expected, digest):
+                found = principal
+        if found is None:
+            raise Unauthenticated("the bearer token matches no configured token")
+        return found

@@ -1,0 +1,166 @@
+"""The ``loopstop`` command: ``serve`` and ``check-config``.
+
+``loopstop serve`` validates everything in the master process before any
+worker starts (configuration, bind addresses against authentication, the
+secret, the store's schema), so a bad setup fails once, loudly, with every
+error and its path, instead of as a crash loop of workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+from sidecar import __version__
+from sidecar.auth import is_loopback
+from sidecar.config import Settings, load_settings, read_config_file
+from sidecar.errors import ConfigError, StoreUnavailable
+
+log = logging.getLogger("loopstop")
+
+DEFAULT_BIND = "127.0.0.1:8765"
+
+
+def _print_problems(exc: ConfigError) -> None:
+    click.echo("loopstop: invalid configuration:", err=True)
+    for path, msg in exc.problems:
+        click.echo(f"  {path or '(config)'}: {msg}", err=True)
+
+
+def _bind_host(bind: str) -> str | None:
+    """The host of a gunicorn bind (``HOST:PORT``, ``[::1]:PORT``); None for unix sockets."""
+    if bind.startswith(("unix:", "fd://")):
+        return None
+    host, _, _port = bind.rpartition(":")
+    return host or "0.0.0.0"
+
+
+def check_binds(settings: Settings, binds: list[str]) -> None:
+    """Refuse to listen beyond loopback without tokens.
+
+    :raises ConfigError: when no token is configured and a bind address is
+        not loopback (``0.0.0.0``, a LAN address, a hostname).
+    """
+    if settings.tokens:
+        return
+    public = [b for b in binds if (h := _bind_host(b)) is not None and not is_loopback(h)]
+    if public:
+        raise ConfigError([(
+            "tokens",
+            f"no tokens are configured, so loopstop serves only loopback; refusing to bind "
+            f"{', '.join(public)}. Configure tokens (see README) or bind 127.0.0.1.",
+        )])
+
+
+@click.group()
+@click.version_option(__version__, prog_name="loopstop")
+def main() -> None:
+    """loopstop: a sidecar for n8n that makes automation loops stop."""
+    logging.basicConfig(
+        level=os.environ.get("LOOPSTOP_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@main.command("check-config")
+def check_config() -> None:
+    """Validate LOOPSTOP_CONFIG (or ./loopstop.yaml) and the environment; exit 1 on errors."""
+    try:
+        _, path = read_config_file(os.environ)
+        settings = load_settings()
+        from sidecar.app import secret_file_for
+        from sidecar.canonical import build_fingerprinter
+
+        if os.environ.get("LOOPSTOP_SECRET") or secret_file_for(settings.store) is None:
+            build_fingerprinter(os.environ, None)
+    except ConfigError as exc:
+        _print_problems(exc)
+        sys.exit(1)
+    except ValueError as exc:
+        _print_problems(ConfigError([("LOOPSTOP_SECRET", str(exc))]))
+        sys.exit(1)
+    click.echo(
+        f"configuration ok ({path or 'no file: defaults'}); store {settings.store}; "
+        f"{len(settings.tokens)} token(s); {len(settings.checks)} check(s); "
+        f"{len(settings.policies)} polic(ies)"
+    )
+
+
+@main.command()
+@click.option("--bind", "binds", multiple=True, metavar="HOST:PORT",
+              help=f"Address to listen on (repeatable). Default {DEFAULT_BIND}.")
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="gunicorn worker processes.")
+@click.option("--threads", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Threads per worker.")
+@click.option("--timeout", "timeout_s", type=click.IntRange(5, 3600), default=60,
+              show_default=True, help="Seconds before a silent worker is restarted.")
+def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) -> None:
+    """Run the sidecar under gunicorn."""
+    bind_list = list(binds) or [os.environ.get("LOOPSTOP_BIND", DEFAULT_BIND)]
+    try:
+        settings = load_settings()
+        check_binds(settings, bind_list)
+        from sidecar.app import create_app
+
+        # Validate once in the master: secret (created here, once), store, schema.
+        probe = create_app(settings, announce=False)
+        probe.extensions["loopstop"].store.close()
+    except ConfigError as exc:
+        _print_problems(exc)
+        sys.exit(2)
+    except StoreUnavailable as exc:
+        click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
+        sys.exit(3)
+    if not settings.tokens:
+        log.warning("no tokens configured: serving WITHOUT authentication on %s (loopback only)",
+                    ", ".join(bind_list))
+    log.info("loopstop %s: store %s, %d worker(s), listening on %s", __version__,
+             _redacted_store(settings.store), workers, ", ".join(bind_list))
+    _Gunicorn({
+        "bind": bind_list,
+        "workers": workers,
+        "threads": threads,
+        "timeout": timeout_s,
+        "graceful_timeout": 20,
+        "keepalive": 5,
+        "accesslog": None,
+        "errorlog": "-",
+        "loglevel": os.environ.get("LOOPSTOP_LOG_LEVEL", "info").lower(),
+        "proc_name": "loopstop",
+        "forwarded_allow_ips": "127.0.0.1,::1",
+    }).run()
+
+
+def _redacted_store(url: str) -> str:
+    from sidecar.store.redis import _redact
+
+    return _redact(url)
+
+
+def _gunicorn_base() -> type:
+    from gunicorn.app.base import BaseApplication
+
+    return BaseApplication  # type: ignore[no-any-return]
+
+
+class _Gunicorn(_gunicorn_base()):  # type: ignore[misc]
+    """gunicorn with our options; each worker builds its own app (no preload)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        from sidecar.app import create_app
+
+        return create_app(announce=False)

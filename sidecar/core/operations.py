@@ -1,0 +1,405 @@
+"""The operation ledger's state machine (DESIGN §1), as pure functions.
+
+An *operation* is one business action ("confirm order 42 version 3"), named
+by the caller's idempotency key (``operation_id``), never one attempt. The
+ledger guarantees that a write which happened is never repeated: a retry of
+a committed operation is answered with the recorded receipt (``replay``),
+and a write whose outcome is unknown (a timeout, a lost response, a worker
+that died holding the lease) is never re-executed automatically: it waits
+for reconciliation. This follows the IETF draft "The Idempotency-Key HTTP
+Header Field" (a key names the operation; a reuse with another payload is a
+conflict) and fencing tokens (the ``attempt`` number: a late answer from a
+superseded attempt changes nothing).
+
+Every function takes the current record (or None), the request, the
+policy and ``now`` (epoch seconds), and returns ``(new_record, outcome)``
+where ``new_record`` is None when nothing changes. No I/O, no clock.
+
+States::
+
+    (none) --begin--> in_progress --commit--> committed
+                        |   \\--fail not_committed--> not_committed --begin--> in_progress (attempt+1)
+                        |    \\--fail unknown--> unknown
+                        \\--lease expires (seen by begin or a read)--> unknown
+    unknown --reconcile committed--> committed ; --reconcile not_committed--> not_committed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from sidecar.canonical import canonical_json
+from sidecar.errors import NotFound, StaleAttempt, StateConflict
+
+
+class OperationState(StrEnum):
+    """Where an operation stands. ``in_progress`` and ``unknown`` are *open*."""
+
+    IN_PROGRESS = "in_progress"
+    UNKNOWN = "unknown"
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"
+
+
+OPEN_STATES = frozenset({OperationState.IN_PROGRESS, OperationState.UNKNOWN})
+
+
+class BeginDecision(StrEnum):
+    """What ``begin`` tells the flow to do (DESIGN §1 table)."""
+
+    EXECUTE = "execute"
+    REPLAY = "replay"
+    IN_PROGRESS = "in_progress"
+    RECONCILE = "reconcile"
+    CONFLICT = "conflict"
+    EXHAUSTED = "exhausted"
+    STOPPED = "stopped"
+
+
+class BeginReason(StrEnum):
+    """Why ``begin`` decided what it did (logged and returned as ``reason``)."""
+
+    NEW = "new"
+    RETRY = "retry_after_not_committed"
+    LEASE_HELD = "lease_held"
+    LEASE_EXPIRED = "lease_expired"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    COMMITTED = "committed"
+    PAYLOAD_MISMATCH = "payload_mismatch"
+    WORKFLOW_MISMATCH = "workflow_mismatch"
+    ATTEMPTS_USED = "max_attempts"
+    WORKFLOW_STOPPED = "workflow_stopped"
+    CHAIN_STOPPED = "chain_stopped"
+
+
+class FailOutcome(StrEnum):
+    """What a failing caller knows: the write did not happen, or it cannot tell."""
+
+    NOT_COMMITTED = "not_committed"
+    UNKNOWN = "unknown"
+
+
+class ReconcileOutcome(StrEnum):
+    """What reconciliation established by asking the receiver."""
+
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """The ledger record of one operation. Times are epoch seconds (UTC).
+
+    :ivar fingerprint: HMAC of the payload's canonical JSON, under the
+        secret ``secret_id`` (never the payload itself).
+    :ivar attempt: the fencing token of the current attempt, from 1.
+    :ivar lease_expires_at: while ``in_progress``, when the lease ends; for
+        ``unknown``, when the outcome became unknown; else None.
+    :ivar last_failure: ``{attempt, outcome, detail, at}`` of the latest ``fail``.
+    :ivar reconciliation: ``{outcome, evidence, actor, at}`` once reconciled.
+    """
+
+    operation_id: str
+    state: OperationState
+    attempt: int
+    fingerprint: str
+    secret_id: str
+    workflow: str | None
+    task_id: str | None
+    chain_id: str | None
+    created_at: float
+    updated_at: float
+    lease_expires_at: float | None = None
+    receipt: Any = None
+    result: Any = None
+    last_failure: dict[str, Any] | None = None
+    reconciliation: dict[str, Any] | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        """A JSON-ready dict (the stored document)."""
+        doc = asdict(self)
+        doc["state"] = str(self.state)
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any] | None) -> Operation | None:
+        """Rebuild a record from its stored document (None stays None)."""
+        if doc is None:
+            return None
+        fields = dict(doc)
+        fields["state"] = OperationState(fields["state"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class BeginRequest:
+    """A ``begin`` as the core sees it.
+
+    :ivar fingerprints: the payload's fingerprint under every known secret,
+        keyed by secret id; ``secret_id`` names the current one, used for a
+        new record.
+    :ivar lease_s: how long the attempt holds the operation, seconds.
+    """
+
+    operation_id: str
+    fingerprints: Mapping[str, str]
+    secret_id: str
+    workflow: str | None
+    task_id: str | None = None
+    chain_id: str | None = None
+    lease_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class OperationPolicy:
+    """Ledger limits: attempts before ``exhausted``; retention of settled records (s)."""
+
+    max_attempts: int = 3
+    retention_s: float = 604_800.0
+
+
+@dataclass(frozen=True)
+class BeginOutcome:
+    """The answer to ``begin``: decision, reason and the record after the decision."""
+
+    decision: BeginDecision
+    reason: BeginReason
+    operation: Operation | None
+
+
+def observe(op: Operation, now: float) -> Operation:
+    """The record as it stands at ``now``: an expired lease means ``unknown``.
+
+    A worker whose lease ran out may have written or not: nobody knows.
+    Reads show that at once, without waiting for the next ``begin`` to
+    persist it.
+    """
+    if (
+        op.state is OperationState.IN_PROGRESS
+        and op.lease_expires_at is not None
+        and now >= op.lease_expires_at
+    ):
+        return replace(op, state=OperationState.UNKNOWN)
+    return op
+
+
+def retention_s(op: Operation, policy: OperationPolicy) -> float | None:
+    """How long the store keeps ``op``: settled records for the retention,
+    open ones (``in_progress``, ``unknown``) until a later change settles them."""
+    return None if op.state in OPEN_STATES else policy.retention_s
+
+
+def same_payload(op: Operation, fingerprints: Mapping[str, str]) -> bool:
+    """True when the request's payload fingerprints like the record's, under
+    the record's own secret. A record whose secret is no longer configured
+    cannot be matched (and so is a conflict, never a replay)."""
+    return fingerprints.get(op.secret_id) == op.fingerprint
+
+
+def begin(
+    op: Operation | None,
+    req: BeginRequest,
+    policy: OperationPolicy,
+    now: float,
+    stopped: BeginReason | None = None,
+) -> tuple[Operation | None, BeginOutcome]:
+    """Decide a ``begin`` (DESIGN §1 table, first matching row wins).
+
+    :param stopped: ``WORKFLOW_STOPPED`` or ``CHAIN_STOPPED`` when a sticky
+        stop covers the request (or the record's workflow or chain).
+    :returns: the record to store (None: unchanged) and the outcome.
+    """
+    if stopped is not None:
+        return None, BeginOutcome(BeginDecision.STOPPED, stopped, op)
+    if op is None:
+        new = Operation(
+            operation_id=req.operation_id,
+            state=OperationState.IN_PROGRESS,
+            attempt=1,
+            fingerprint=req.fingerprints[req.secret_id],
+            secret_id=req.secret_id,
+            workflow=req.workflow,
+            task_id=req.task_id,
+            chain_id=req.chain_id,
+            created_at=now,
+            updated_at=now,
+            lease_expires_at=now + req.lease_s,
+        )
+        return new, BeginOutcome(BeginDecision.EXECUTE, BeginReason.NEW, new)
+    if not same_payload(op, req.fingerprints):
+        return None, BeginOutcome(BeginDecision.CONFLICT, BeginReason.PAYLOAD_MISMATCH, op)
+    if req.workflow is not None and op.workflow is not None and req.workflow != op.workflow:
+        return None, BeginOutcome(BeginDecision.CONFLICT, BeginReason.WORKFLOW_MISMATCH, op)
+
+    if op.state is OperationState.IN_PROGRESS:
+        seen = observe(op, now)
+        if seen.state is OperationState.IN_PROGRESS:
+            return None, BeginOutcome(BeginDecision.IN_PROGRESS, BeginReason.LEASE_HELD, op)
+        changed = replace(seen, updated_at=now)
+        return changed, BeginOutcome(BeginDecision.RECONCILE, BeginReason.LEASE_EXPIRED, changed)
+    if op.state is OperationState.UNKNOWN:
+        return None, BeginOutcome(BeginDecision.RECONCILE, BeginReason.OUTCOME_UNKNOWN, op)
+    if op.state is OperationState.COMMITTED:
+        return None, BeginOutcome(BeginDecision.REPLAY, BeginReason.COMMITTED, op)
+    # not_committed: the write is known not to have happened.
+    if op.attempt >= policy.max_attempts:
+        return None, BeginOutcome(BeginDecision.EXHAUSTED, BeginReason.ATTEMPTS_USED, op)
+    retry = replace(
+        op,
+        state=OperationState.IN_PROGRESS,
+        attempt=op.attempt + 1,
+        updated_at=now,
+        lease_expires_at=now + req.lease_s,
+        task_id=req.task_id or op.task_id,
+        chain_id=req.chain_id or op.chain_id,
+    )
+    return retry, BeginOutcome(BeginDecision.EXECUTE, BeginReason.RETRY, retry)
+
+
+def _require(op: Operation | None, operation_id: str) -> Operation:
+    if op is None:
+        raise NotFound(f"no operation {operation_id!r}")
+    return op
+
+
+def _fence(op: Operation, attempt: int) -> None:
+    if attempt != op.attempt:
+        raise StaleAttempt(
+            f"attempt {attempt} is not the current attempt ({op.attempt}) of "
+            f"operation {op.operation_id!r}; nothing changed",
+            operation=op,
+        )
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    return canonical_json(a) == canonical_json(b)
+
+
+def commit(
+    op: Operation | None,
+    operation_id: str,
+    attempt: int,
+    receipt: Any,
+    result: Any,
+    now: float,
+) -> tuple[Operation | None, Operation]:
+    """Record that the current attempt's write happened, with its receipt.
+
+    Allowed from ``in_progress`` (even past the lease: fencing is by attempt)
+    and ``unknown`` (the flow learned the outcome late). Repeating a commit
+    with the same receipt changes nothing.
+
+    :raises NotFound: no such operation.
+    :raises StaleAttempt: ``attempt`` is not the current attempt.
+    :raises StateConflict: committed with another receipt, or not_committed.
+    """
+    op = _require(op, operation_id)
+    _fence(op, attempt)
+    if op.state is OperationState.COMMITTED:
+        if _same_json(op.receipt, receipt):
+            return None, op
+        raise StateConflict(
+            f"operation {operation_id!r} is already committed with another receipt",
+            operation=op,
+        )
+    if op.state is OperationState.NOT_COMMITTED:
+        raise StateConflict(
+            f"attempt {attempt} of operation {operation_id!r} was reported not_committed",
+            operation=op,
+        )
+    new = replace(
+        op,
+        state=OperationState.COMMITTED,
+        receipt=receipt,
+        result=result,
+        updated_at=now,
+        lease_expires_at=None,
+    )
+    return new, new
+
+
+def fail(
+    op: Operation | None,
+    operation_id: str,
+    attempt: int,
+    outcome: FailOutcome,
+    detail: str | None,
+    now: float,
+) -> tuple[Operation | None, Operation]:
+    """Record that the current attempt failed: ``not_committed`` when the
+    receiver rejected the write, ``unknown`` when nobody can tell (a timeout
+    never proves failure). Repeating the same outcome changes nothing.
+
+    :raises NotFound: no such operation.
+    :raises StaleAttempt: ``attempt`` is not the current attempt.
+    :raises StateConflict: the operation is committed, or already failed
+        with the other outcome after ``not_committed``.
+    """
+    op = _require(op, operation_id)
+    _fence(op, attempt)
+    target = OperationState(outcome.value)
+    if op.state is target:
+        return None, op
+    if op.state not in OPEN_STATES:
+        raise StateConflict(
+            f"operation {operation_id!r} is {op.state}; a fail cannot change that",
+            operation=op,
+        )
+    new = replace(
+        op,
+        state=target,
+        updated_at=now,
+        lease_expires_at=now if target is OperationState.UNKNOWN else None,
+        last_failure={"attempt": attempt, "outcome": str(outcome), "detail": detail, "at": now},
+    )
+    return new, new
+
+
+def reconcile(
+    op: Operation | None,
+    operation_id: str,
+    outcome: ReconcileOutcome,
+    receipt: Any,
+    evidence: Any,
+    actor: str,
+    now: float,
+) -> tuple[Operation | None, Operation]:
+    """Settle an open operation whose outcome is unknown, from evidence
+    gathered at the receiver (or by an operator). ``evidence`` and ``actor``
+    (the token name) are recorded. Repeating the same settlement changes
+    nothing.
+
+    :raises NotFound: no such operation.
+    :raises StateConflict: a worker still holds the lease (wait for its
+        commit or for the lease to expire), or the operation is already
+        settled otherwise.
+    """
+    op = _require(op, operation_id)
+    seen = observe(op, now)
+    target = OperationState(outcome.value)
+    if seen.state is OperationState.IN_PROGRESS:
+        raise StateConflict(
+            f"operation {operation_id!r} is in progress under a live lease; "
+            "wait for its commit or for the lease to expire",
+            operation=seen,
+        )
+    if seen.state is not OperationState.UNKNOWN:
+        if seen.state is target and (
+            target is OperationState.NOT_COMMITTED or _same_json(seen.receipt, receipt)
+        ):
+            return None, seen
+        raise StateConflict(
+            f"operation {operation_id!r} is already {seen.state}", operation=seen
+        )
+    new = replace(
+        seen,
+        state=target,
+        receipt=receipt if target is OperationState.COMMITTED else None,
+        updated_at=now,
+        lease_expires_at=None,
+        reconciliation={"outcome": str(outcome), "evidence": evidence, "actor": actor, "at": now},
+    )
+    return new, new

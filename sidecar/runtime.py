@@ -1,0 +1,36 @@
+"""The per-process runtime: settings, store, fingerprinter, tokens, services.
+
+Built once by :func:`sidecar.app.create_app` and kept in
+``app.extensions["loopstop"]``; views reach it with :func:`runtime`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flask import current_app
+
+from sidecar.auth import TokenTable
+from sidecar.canonical import Fingerprinter
+from sidecar.config import Settings
+from sidecar.service.operations import OperationService
+from sidecar.store import Store
+
+
+@dataclass
+class Runtime:
+    """Everything a request needs; shared by the threads of one worker."""
+
+    settings: Settings
+    store: Store
+    fingerprinter: Fingerprinter
+    tokens: TokenTable
+    clock: Callable[[], float]
+    operations: OperationService
+
+
+def runtime() -> Runtime:
+    """The runtime of the current app."""
+    rt: Runtime = current_app.extensions["loopstop"]
+    return rt

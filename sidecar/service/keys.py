@@ -1,0 +1,46 @@
+"""The logical key layout, written down once.
+
+Every key starts with the namespace of the request's ``execution_mode``:
+``p`` (production) or ``t`` (test, a run from the n8n editor), so that a
+test run never consumes production dedupe windows, chains, budgets or
+ledger entries. The store adds its own prefix (``loopstop:`` on Redis).
+
+==============================  ==============================================
+pattern                         what
+==============================  ==============================================
+``<ns>:op:<operation_id>``      an operation record (JSON)
+``<ns>:stop:wf:<workflow>``     a sticky stop of a workflow (JSON)
+``<ns>:stop:chain:<chain_id>``  a sticky stop of a chain (JSON)
+``<ns>:ix:ops-open``            index: open operations, score = lease end
+``<ns>:ix:ops-open:wf:<wf>``    the same index for one workflow
+==============================  ==============================================
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ExecutionMode = Literal["test", "production"]
+
+
+def namespace(mode: ExecutionMode | None) -> str:
+    """``t`` for n8n's ``test`` executions, ``p`` for everything else."""
+    return "t" if mode == "test" else "p"
+
+
+def operation(ns: str, operation_id: str) -> str:
+    return f"{ns}:op:{operation_id}"
+
+
+def workflow_stop(ns: str, workflow: str) -> str:
+    return f"{ns}:stop:wf:{workflow}"
+
+
+def chain_stop(ns: str, chain_id: str) -> str:
+    return f"{ns}:stop:chain:{chain_id}"
+
+
+def open_operations(ns: str, workflow: str | None = None) -> str:
+    """The index of open operations, for all workflows or one."""
+    base = f"{ns}:ix:ops-open"
+    return base if workflow is None else f"{base}:wf:{workflow}"

@@ -1,0 +1,193 @@
+"""The store interface: an atomic read-modify-write of a few keyed documents.
+
+A *document* is a JSON object stored under a string key, with an optional
+time to live. A *transaction* reads some documents, hands them to a pure
+function that returns a :class:`Plan` (the documents to write or delete and
+the sorted-set index entries to add or remove), and applies the plan
+atomically: either every write lands or none does, and no other
+transaction changed what was read in between. Policy never lives here; the
+function passed in decides.
+
+Indexes are sorted sets of ``(score, member)`` used for bounded, paginated
+listings (the reconciliation queue). TTLs are retention only: the policy
+core checks every time limit itself against documents' own timestamps, so
+an expiry that is late by a sweep interval changes no decision.
+
+Method set (stated once, implemented by :mod:`.sqlite` and :mod:`.redis`):
+``transact``, ``get_many``, ``index_page``, ``ping``, ``ensure_schema``,
+``close``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from sidecar.errors import SchemaMismatch
+
+T = TypeVar("T")
+Doc = dict[str, Any]
+
+#: The layout version this code reads and writes. Bump it with a migration.
+SCHEMA_VERSION = 1
+
+#: ``{from_version: migrate(store)}``: each step brings a store one version up.
+Migration = Callable[["Store"], None]
+MIGRATIONS: dict[int, Migration] = {}
+
+
+@dataclass(frozen=True)
+class Write:
+    """A document to put (``doc``) or delete (``doc=None``).
+
+    :ivar ttl_s: seconds until the store may forget it; None keeps it until
+        a later transaction changes it.
+    """
+
+    doc: Doc | None
+    ttl_s: float | None = None
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """Add ``member`` to ``index`` with ``score``, or remove it when ``score`` is None."""
+
+    index: str
+    member: str
+    score: float | None
+
+
+@dataclass
+class Plan(Generic[T]):
+    """What a transaction function decided: the value to return and the changes.
+
+    :ivar result: returned by :meth:`Store.transact` once the plan is applied.
+    :ivar writes: key -> :class:`Write`. Every written key must have been
+        read through the snapshot (so the compare-and-set covers it).
+    :ivar index: index entries to add or remove.
+    """
+
+    result: T
+    writes: dict[str, Write] = field(default_factory=dict)
+    index: list[IndexEntry] = field(default_factory=list)
+
+
+class Snapshot:
+    """The documents a transaction has read; reading a new key loads it.
+
+    Keys named up front are loaded in one round trip; a key first read
+    inside the function costs one more (declare keys up front where known).
+    """
+
+    def __init__(self, loaded: Mapping[str, Doc | None], load: Callable[[list[str]], None]):
+        self._docs = loaded
+        self._load = load
+
+    def get(self, key: str) -> Doc | None:
+        """The document at ``key`` as read in this transaction, or None."""
+        if key not in self._docs:
+            self._load([key])
+        return self._docs[key]
+
+    def has_read(self, key: str) -> bool:
+        return key in self._docs
+
+
+TxnFn = Callable[[Snapshot], Plan[T]]
+
+
+class Store(abc.ABC):
+    """One small interface over SQLite and Redis.
+
+    Every method raises :class:`sidecar.errors.StoreUnavailable` when the
+    backend cannot be reached or cannot commit; nothing else escapes from a
+    driver. Exceptions raised by a transaction function abort the
+    transaction (nothing is written) and propagate unchanged.
+    """
+
+    backend: str = "abstract"
+
+    @abc.abstractmethod
+    def transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
+        """Read ``keys``, call ``fn(snapshot)``, apply its plan atomically.
+
+        ``fn`` may be called more than once (Redis retries on a concurrent
+        change), so it must be pure.
+
+        :returns: ``plan.result``.
+        :raises StoreUnavailable: on a driver error or persistent contention.
+        """
+
+    @abc.abstractmethod
+    def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
+        """Read documents outside any transaction (a consistent read per key)."""
+
+    def get(self, key: str) -> Doc | None:
+        """Read one document outside any transaction."""
+        return self.get_many([key])[key]
+
+    @abc.abstractmethod
+    def index_page(
+        self,
+        index: str,
+        *,
+        min_score: float = float("-inf"),
+        max_score: float = float("inf"),
+        after: tuple[float, str] | None = None,
+        limit: int = 50,
+    ) -> list[tuple[str, float]]:
+        """Members of ``index`` ordered by ``(score, member)``, a page at a time.
+
+        :param after: the last ``(score, member)`` of the previous page.
+        :returns: up to ``limit`` ``(member, score)`` pairs with
+            ``min_score <= score <= max_score``, strictly after ``after``.
+        """
+
+    @abc.abstractmethod
+    def ping(self) -> dict[str, Any]:
+        """Check the store answers; return facts for ``/readyz`` (``warnings`` list)."""
+
+    @abc.abstractmethod
+    def _read_schema_version(self) -> int | None:
+        """The stored layout version, None for an empty store."""
+
+    @abc.abstractmethod
+    def _write_schema_version(self, version: int) -> None:
+        """Record the layout version."""
+
+    def ensure_schema(
+        self, current: int = SCHEMA_VERSION, migrations: Mapping[int, Migration] | None = None
+    ) -> int:
+        """Bring the store to ``current``: stamp a new one, migrate an older one.
+
+        :returns: the version found before (``current`` for a new store).
+        :raises SchemaMismatch: when the store is newer than this server (a
+            rollback after an upgrade); the server refuses to start.
+        :raises ConfigError: when no migration path exists from the stored version.
+        """
+        steps = MIGRATIONS if migrations is None else migrations
+        found = self._read_schema_version()
+        if found is None:
+            self._write_schema_version(current)
+            return current
+        if found > current:
+            raise SchemaMismatch(
+                [("store", f"schema version {found} is newer than this server's {current}; "
+                  "upgrade loopstop instead of running an older one")]
+            )
+        version = found
+        while version < current:
+            step = steps.get(version)
+            if step is None:
+                raise SchemaMismatch(
+                    [("store", f"no migration from schema version {version} to {version + 1}")]
+                )
+            step(self)
+            version += 1
+            self._write_schema_version(version)
+        return found
+
+    def close(self) -> None:  # noqa: B027 - optional for backends without resources
+        """Release connections."""

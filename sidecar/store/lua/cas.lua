@@ -1,0 +1,45 @@
+-- cas.lua: compare-and-set of a few JSON documents, with sorted-set index updates.
+--
+-- KEYS[1..n]      the documents the transaction read (n = ARGV[1])
+-- KEYS[n+1..]     the sorted-set indexes the plan touches
+-- ARGV[1]         n, the number of document keys
+-- ARGV[2..n+1]    the raw value each document had when read; "" = absent
+-- ARGV[n+2]       the plan, JSON:
+--                   {"w": [[doc_i, value | null, ttl_ms | 0], ...],
+--                    "x": [[index_i, member, score | null], ...]}
+--                 doc_i counts from 1 among the documents, index_i from 1
+--                 among the indexes; value null deletes, ttl_ms 0 keeps
+--                 forever, score null removes the member.
+-- Returns 1 when the plan was applied, 0 when any document changed since it
+-- was read (the caller reads again and retries; nothing was written).
+
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local now = redis.call('GET', KEYS[i])
+  local expected = ARGV[i + 1]
+  if now == false then now = '' end
+  if now ~= expected then return 0 end
+end
+
+local plan = cjson.decode(ARGV[n + 2])
+for _, w in ipairs(plan['w']) do
+  local key = KEYS[w[1]]
+  local value = w[2]
+  local ttl_ms = tonumber(w[3])
+  if value == cjson.null then
+    redis.call('DEL', key)
+  elseif ttl_ms > 0 then
+    redis.call('SET', key, value, 'PX', ttl_ms)
+  else
+    redis.call('SET', key, value)
+  end
+end
+for _, x in ipairs(plan['x']) do
+  local key = KEYS[n + x[1]]
+  if x[3] == cjson.null then
+    redis.call('ZREM', key, x[2])
+  else
+    redis.call('ZADD', key, x[3], x[2])
+  end
+end
+return 1

@@ -1,0 +1,238 @@
+"""Redis store: production and multi-instance (one primary).
+
+Key layout (every key starts with the prefix, ``loopstop:`` by default;
+the logical part after it is built by :mod:`sidecar.service.keys`, which
+documents each pattern)::
+
+    loopstop:schema_version                 string, the layout version
+    loopstop:<ns>:op:<operation_id>         JSON document, TTL = retention once settled
+    loopstop:<ns>:ix:<index name>           sorted set (score, member) for listings
+    loopstop:<ns>:stop:wf:<workflow>        JSON document, a sticky workflow stop
+    loopstop:<ns>:stop:chain:<chain_id>     JSON document, a sticky chain stop
+
+A transaction costs two round trips when nothing else wrote in between:
+``MGET`` of the declared keys, then the ``cas.lua`` compare-and-set, which
+checks that every document read is unchanged and applies the plan. A
+decision that writes nothing returns after the read. On a concurrent change
+the transaction reads again and re-runs the (pure) function, with a short
+jittered back-off, up to ``max_retries`` times.
+
+redis-py's own retries are off: a command that timed out may or may not
+have run, and a blind resend of a compare-and-set would misreport a
+reservation this client itself made. Such a failure is a 503; the caller's
+retry then sees the true state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from sidecar.errors import StoreUnavailable
+from sidecar.store.base import Doc, Snapshot, Store, T, TxnFn
+
+_CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
+
+
+class RedisStore(Store):
+    """The store on a Redis primary.
+
+    :param url: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS);
+        query parameters ``socket_timeout_s`` and ``connect_timeout_s``.
+    :param prefix: namespace of every key.
+    :param max_retries: compare-and-set attempts before giving up (503).
+    :raises StoreUnavailable: never at construction (connections are lazy);
+        from every method when Redis does not answer.
+    """
+
+    backend = "redis"
+
+    def __init__(self, url: str, *, prefix: str = "loopstop:", max_retries: int = 64) -> None:
+        query = parse_qs(urlparse(url).query)
+        socket_timeout = float(query.pop("socket_timeout_s", ["2"])[0])
+        connect_timeout = float(query.pop("connect_timeout_s", ["1"])[0])
+        base = url.split("?", 1)[0]
+        self.url_redacted = _redact(base)
+        self.client = redis.Redis.from_url(
+            base,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=30,
+        )
+        self.prefix = prefix
+        self.max_retries = max_retries
+        self._cas = self.client.register_script(_CAS)
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
+        declared = list(dict.fromkeys(keys))
+        try:
+            for attempt in range(self.max_retries):
+                raw: dict[str, str | None] = {}
+                docs: dict[str, Doc | None] = {}
+                lazy = False
+
+                def load(more: list[str]) -> None:
+                    nonlocal lazy
+                    fresh = [k for k in more if k not in raw]
+                    if not fresh:
+                        return
+                    lazy = lazy or bool(raw)
+                    values = self.client.mget([self._k(k) for k in fresh])
+                    for k, v in zip(fresh, values, strict=True):
+                        raw[k] = v
+                        docs[k] = None if v is None else json.loads(v)
+
+                if declared:
+                    load(declared)
+                plan = fn(Snapshot(docs, load))
+                if not plan.writes and not plan.index and not lazy:
+                    return plan.result
+                if self._compare_and_set(raw, plan):
+                    return plan.result
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+        raise StoreUnavailable(
+            f"redis store {self.url_redacted}: gave up after {self.max_retries} "
+            "concurrent changes to the same keys"
+        )
+
+    def _compare_and_set(self, raw: dict[str, str | None], plan: Any) -> bool:
+        doc_keys = list(raw)
+        position = {k: i + 1 for i, k in enumerate(doc_keys)}
+        writes = []
+        for key, write in plan.writes.items():
+            if key not in position:
+                raise RuntimeError(f"transaction wrote {key!r} without reading it")
+            value = None if write.doc is None else json.dumps(write.doc, separators=(",", ":"))
+            ttl_ms = 0 if write.ttl_s is None else max(1, math.ceil(write.ttl_s * 1000))
+            writes.append([position[key], value, ttl_ms])
+        index_keys = list(dict.fromkeys(e.index for e in plan.index))
+        ipos = {k: i + 1 for i, k in enumerate(index_keys)}
+        index_ops = [
+            [ipos[e.index], e.member, None if e.score is None else repr(float(e.score))]
+            for e in plan.index
+        ]
+        result = self._cas(
+            keys=[self._k(k) for k in doc_keys] + [self._k(k) for k in index_keys],
+            args=[
+                len(doc_keys),
+                *[raw[k] or "" for k in doc_keys],
+                json.dumps({"w": writes, "x": index_ops}, separators=(",", ":")),
+            ],
+        )
+        return bool(result == 1)
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        try:
+            values = self.client.mget([self._k(k) for k in unique])
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+        return {k: None if v is None else json.loads(v) for k, v in zip(unique, values, strict=True)}
+
+    def index_page(
+        self,
+        index: str,
+        *,
+        min_score: float = float("-inf"),
+        max_score: float = float("inf"),
+        after: tuple[float, str] | None = None,
+        limit: int = 50,
+    ) -> list[tuple[str, float]]:
+        lo = "-inf" if math.isinf(min_score) else repr(min_score)
+        if after is not None and (math.isinf(min_score) or after[0] >= min_score):
+            lo = repr(float(after[0]))
+        hi = "+inf" if math.isinf(max_score) else repr(max_score)
+        out: list[tuple[str, float]] = []
+        offset = 0
+        batch = max(limit, 50)
+        try:
+            while len(out) < limit:
+                rows = self.client.zrange(
+                    self._k(index), lo, hi, byscore=True, offset=offset, num=batch,
+                    withscores=True,
+                )
+                for member, score in rows:
+                    if after is not None and (score, member) <= (after[0], after[1]):
+                        continue
+                    out.append((member, score))
+                    if len(out) == limit:
+                        break
+                if len(rows) < batch:
+                    break
+                offset += batch
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+        return out
+
+    def ping(self) -> dict[str, Any]:
+        try:
+            self.client.ping()
+            info = self.client.info("persistence")
+            try:
+                save = self.client.config_get("save").get("save", "")
+            except redis.ResponseError:  # CONFIG disabled (managed Redis)
+                save = None
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+        aof = bool(int(info.get("aof_enabled", 0)))
+        rdb = bool(save) if save is not None else None
+        warnings = []
+        if not aof and rdb is False:
+            warnings.append(
+                "redis persistence is off (no AOF, no RDB save points): a restart "
+                "forgets every committed operation"
+            )
+        elif not aof:
+            warnings.append("redis AOF is off: a crash can lose the last writes (RDB only)")
+        return {
+            "backend": self.backend,
+            "url": self.url_redacted,
+            "aof_enabled": aof,
+            "rdb_enabled": rdb,
+            "warnings": warnings,
+        }
+
+    def _read_schema_version(self) -> int | None:
+        try:
+            value = self.client.get(self._k("schema_version"))
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+        return None if value is None else int(value)
+
+    def _write_schema_version(self, version: int) -> None:
+        try:
+            self.client.set(self._k("schema_version"), str(version))
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _redact(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.password:
+        netloc = f"{parsed.username or ''}:***@{parsed.hostname}"
+        if parsed.port:
+            netloc += f":{parsed.port}"
+        return parsed._replace(netloc=netloc).geturl()
+    return url

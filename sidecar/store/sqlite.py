@@ -1,0 +1,257 @@
+"""SQLite store: the embedded default (one file, WAL, ``BEGIN IMMEDIATE``).
+
+Layout (schema version 1)::
+
+    kv   (key TEXT PRIMARY KEY, doc TEXT JSON, expires_at REAL epoch s | NULL)
+    idx  (name TEXT, member TEXT, score REAL, PRIMARY KEY (name, member))
+    meta (key TEXT PRIMARY KEY, value TEXT)          -- 'schema_version'
+
+Each transaction takes SQLite's write lock up front (``BEGIN IMMEDIATE``),
+so transactions from every thread and every gunicorn worker process are
+serialized by the database itself; readers never block (WAL). A lock held
+longer than ``busy_timeout_s`` by someone else is a
+:class:`~sidecar.errors.StoreUnavailable` (503), never a hang.
+``synchronous=FULL``: a committed ledger record survives a power cut, since
+losing one would let a retry repeat a write.
+
+Expired rows are invisible to reads at once and deleted by a bounded sweep
+that runs inside every ``sweep_every``-th transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sidecar.errors import StoreUnavailable
+from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    doc TEXT NOT NULL,
+    expires_at REAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS idx (
+    name TEXT NOT NULL,
+    member TEXT NOT NULL,
+    score REAL NOT NULL,
+    PRIMARY KEY (name, member)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idx_order ON idx (name, score, member);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+SWEEP_BATCH = 200
+
+
+class SQLiteStore(Store):
+    """The store on one SQLite file, shared safely by threads and processes.
+
+    :param path: the database file (created with its folder if absent).
+    :param busy_timeout_s: how long a transaction waits for another
+        writer's lock before failing with ``StoreUnavailable``.
+    :param clock: wall clock for TTLs, epoch seconds.
+    :param sweep_every: run the expired-row sweep every N transactions.
+    :raises StoreUnavailable: when the file cannot be opened or initialized.
+    """
+
+    backend = "sqlite"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        sweep_every: int = 100,
+    ) -> None:
+        self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
+        self.clock = clock
+        self.sweep_every = sweep_every
+        self._local = threading.local()
+        self._count = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._errors():
+            conn = self._conn()
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_DDL)
+
+    # -- connections -------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection, reopened after a fork."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != os.getpid():
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout_s, isolation_level=None,
+                check_same_thread=True,
+            )
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            self._local.conn = conn
+            self._local.pid = os.getpid()
+        return conn
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
+
+    # -- interface ---------------------------------------------------------
+
+    def transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
+        with self._errors():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = self.clock()
+                docs: dict[str, Doc | None] = {}
+
+                def load(more: list[str]) -> None:
+                    docs.update(self._select(conn, [k for k in more if k not in docs], now))
+
+                load(list(dict.fromkeys(keys)))
+                plan = fn(Snapshot(docs, load))
+                self._apply(conn, plan, docs, now)
+                self._count += 1
+                if self.sweep_every and self._count % self.sweep_every == 0:
+                    self._sweep(conn, now)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return plan.result
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
+        with self._errors():
+            return self._select(self._conn(), list(dict.fromkeys(keys)), self.clock())
+
+    def index_page(
+        self,
+        index: str,
+        *,
+        min_score: float = float("-inf"),
+        max_score: float = float("inf"),
+        after: tuple[float, str] | None = None,
+        limit: int = 50,
+    ) -> list[tuple[str, float]]:
+        lo = -1e308 if math.isinf(min_score) else min_score
+        hi = 1e308 if math.isinf(max_score) else max_score
+        sql = "SELECT member, score FROM idx WHERE name = ? AND score >= ? AND score <= ?"
+        args: list[Any] = [index, lo, hi]
+        if after is not None:
+            sql += " AND (score > ? OR (score = ? AND member > ?))"
+            args += [after[0], after[0], after[1]]
+        sql += " ORDER BY score, member LIMIT ?"
+        args.append(limit)
+        with self._errors():
+            return [(m, s) for m, s in self._conn().execute(sql, args)]
+
+    def ping(self) -> dict[str, Any]:
+        with self._errors():
+            mode = self._conn().execute("PRAGMA journal_mode").fetchone()[0]
+        warnings = [] if mode == "wal" else [f"journal_mode is {mode}, not wal"]
+        return {"backend": self.backend, "path": str(self.path), "warnings": warnings}
+
+    def _read_schema_version(self) -> int | None:
+        with self._errors():
+            row = self._conn().execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'"
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def _write_schema_version(self, version: int) -> None:
+        with self._errors():
+            self._conn().execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(version),),
+            )
+
+    def sweep(self, limit: int = SWEEP_BATCH) -> int:
+        """Delete up to ``limit`` expired documents now; returns how many went."""
+        with self._errors():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                n = self._sweep(conn, self.clock(), limit)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return n
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local = threading.local()
+
+    # -- internals ---------------------------------------------------------
+
+    @staticmethod
+    def _select(conn: sqlite3.Connection, keys: list[str], now: float) -> dict[str, Doc | None]:
+        out: dict[str, Doc | None] = dict.fromkeys(keys)
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = conn.execute(
+                f"SELECT key, doc FROM kv WHERE key IN ({marks}) "
+                "AND (expires_at IS NULL OR expires_at > ?)",
+                [*chunk, now],
+            )
+            for key, doc in rows:
+                out[key] = json.loads(doc)
+        return out
+
+    @staticmethod
+    def _apply(
+        conn: sqlite3.Connection, plan: Plan[Any], read: dict[str, Doc | None], now: float
+    ) -> None:
+        for key, write in plan.writes.items():
+            if key not in read:
+                raise RuntimeError(f"transaction wrote {key!r} without reading it")
+            if write.doc is None:
+                conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+            else:
+                expires = None if write.ttl_s is None else now + write.ttl_s
+                conn.execute(
+                    "INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc, "
+                    "expires_at = excluded.expires_at",
+                    (key, json.dumps(write.doc, separators=(",", ":")), expires),
+                )
+        for entry in plan.index:
+            if entry.score is None:
+                conn.execute(
+                    "DELETE FROM idx WHERE name = ? AND member = ?", (entry.index, entry.member)
+                )
+            else:
+                conn.execute(
+                    "INSERT INTO idx (name, member, score) VALUES (?, ?, ?) "
+                    "ON CONFLICT (name, member) DO UPDATE SET score = excluded.score",
+                    (entry.index, entry.member, entry.score),
+                )
+
+    @staticmethod
+    def _sweep(conn: sqlite3.Connection, now: float, limit: int = SWEEP_BATCH) -> int:
+        cur = conn.execute(
+            "DELETE FROM kv WHERE key IN (SELECT key FROM kv WHERE expires_at IS NOT NULL "
+            "AND expires_at <= ? LIMIT ?)",
+            (now, limit),
+        )
+        return cur.rowcount
