@@ -1,0 +1,195 @@
+"""Shared fixtures: a real redis-server on a free port, both stores, app factories.
+
+Every store test runs on ``sqlite`` (a temp file) and ``redis`` (a
+``redis-server`` this session starts; never the machine's 6379).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from flask import Flask
+from flask.testing import FlaskClient
+
+from sidecar.app import create_app
+from sidecar.store import Store, store_from_url
+
+SECRET = "test-secret-0123456789abcdef"
+N8N_TOKEN = "tok-n8n-0123456789"
+ADMIN_TOKEN = "tok-admin-0123456789"
+SCOPED_TOKEN = "tok-scoped-0123456789"
+
+TOKENS_CONFIG = [
+    {"name": "n8n", "env": "LOOPSTOP_TOKEN_N8N", "workflows": ["*"]},
+    {"name": "operator", "env": "LOOPSTOP_TOKEN_ADMIN", "workflows": ["*"], "admin": True},
+    {"name": "sheets-only", "env": "LOOPSTOP_TOKEN_SCOPED", "workflows": ["wf-sheets"]},
+]
+TOKENS_ENV = {
+    "LOOPSTOP_SECRET": SECRET,
+    "LOOPSTOP_TOKEN_N8N": N8N_TOKEN,
+    "LOOPSTOP_TOKEN_ADMIN": ADMIN_TOKEN,
+    "LOOPSTOP_TOKEN_SCOPED": SCOPED_TOKEN,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """``LOOPSTOP_TEST_REDIS_SERVER`` or ``redis-server`` on PATH; fail loudly otherwise."""
+    found = os.environ.get("LOOPSTOP_TEST_REDIS_SERVER") or shutil.which("redis-server")
+    if not found:
+        pytest.fail("redis-server is not installed: the Redis conformance tests need it "
+                    "(scripts/test.sh installs it; or set LOOPSTOP_TEST_REDIS_SERVER)")
+    return found
+
+
+class RedisServer:
+    """A private redis-server process on a free loopback port."""
+
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+             "--protected-mode", "no", *self.extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis_lib.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis_lib.RedisError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+        client.close()
+        return self
+
+    def stop(self, sig: str = "term") -> None:
+        if self.proc and self.proc.poll() is None:
+            if sig == "kill":
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            self.proc.wait(10)
+
+    def client(self) -> redis_lib.Redis:
+        return redis_lib.Redis(port=self.port, decode_responses=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class Clock:
+    """An injected clock (epoch seconds) that tests move by hand."""
+
+    now: float = 1_790_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store URL of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/loopstop.db"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    server.client().flushdb()
+    return server.url
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = store_from_url(store_url)
+    s.ensure_schema()
+    yield s
+    s.close()
+
+
+AppFactory = Callable[..., Flask]
+
+
+@pytest.fixture
+def make_app(store_url: str, clock: Clock) -> AppFactory:
+    """Build an app on this test's store; keyword arguments are config sections."""
+
+    def build(tokens: bool = True, environ: dict[str, str] | None = None, **sections: Any) -> Flask:
+        config: dict[str, Any] = {"store": store_url, **sections}
+        env = {"LOOPSTOP_SECRET": SECRET}
+        if tokens:
+            config["tokens"] = TOKENS_CONFIG
+            env.update(TOKENS_ENV)
+        env.update(environ or {})
+        return create_app(config, environ=env, clock=clock)
+
+    return build
+
+
+class Api:
+    """A test client that sends a bearer token and returns (status, json)."""
+
+    def __init__(self, client: FlaskClient, token: str | None = N8N_TOKEN) -> None:
+        self.client = client
+        self.token = token
+
+    def _headers(self, token: str | None) -> dict[str, str]:
+        tok = self.token if token == "default" else token
+        return {"Authorization": f"Bearer {tok}"} if tok else {}
+
+    def post(self, path: str, body: Any = None, token: str | None = "default") -> tuple[int, Any]:
+        r = self.client.post(path, json=body if body is not None else {},
+                             headers=self._headers(token))
+        return r.status_code, r.get_json(silent=True)
+
+    def get(self, path: str, token: str | None = "default", **query: Any) -> tuple[int, Any]:
+        r = self.client.get(path, query_string=query, headers=self._headers(token))
+        return r.status_code, r.get_json(silent=True)
+
+    def begin(self, op_id: str, payload: Any = None, **fields: Any) -> dict[str, Any]:
+        status, body = self.post(f"/v1/operations/{op_id}/begin",
+                                 {"payload": payload if payload is not None else {"x": 1},
+                                  **fields})
+        assert status == 200, body
+        return dict(body)
+
+
+@pytest.fixture
+def api(make_app: AppFactory) -> Api:
+    return Api(make_app().test_client())
