@@ -1,0 +1,160 @@
+"""Bad input: the right status, a problem+json body naming the field, and the
+ledger unchanged afterwards (both stores)."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import pytest
+import redis
+
+from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
+
+AUTH = {"Authorization": f"Bearer {N8N_TOKEN}"}
+BEGIN = "/v1/operations/order-1/begin"
+
+
+def dump(store_url: str) -> Any:
+    """Every stored byte, to prove a rejected request changed nothing."""
+    if store_url.startswith("sqlite"):
+        path = store_url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as conn:
+            return (sorted(conn.execute("SELECT key, doc FROM kv")),
+                    sorted(conn.execute("SELECT name, member, score FROM idx")))
+    client = redis.Redis.from_url(store_url, decode_responses=True)
+    out = {}
+    for key in sorted(client.keys("*")):
+        kind = client.type(key)
+        out[key] = client.get(key) if kind == "string" else client.zrange(key, 0, -1,
+                                                                           withscores=True)
+    return out
+
+
+@pytest.fixture
+def seeded(make_app: AppFactory, store_url: str) -> tuple[Api, Any]:
+    api = Api(make_app(http={"max_body_bytes": 4096}).test_client())
+    api.begin("order-1", {"order": 1}, workflow="wf-crm")
+    return api, dump(store_url)
+
+
+CASES: list[tuple[str, dict[str, Any], int, str, list[Any] | None]] = [
+    ("malformed json", {"data": b'{"payload": ', "content_type": "application/json"},
+     400, "malformed-request", None),
+    ("not utf-8", {"data": b'{"payload": "\xff"}', "content_type": "application/json"},
+     400, "malformed-request", None),
+    ("wrong content type", {"data": b"payload=1", "content_type": "application/x-www-form-urlencoded"},
+     415, "unsupported-media-type", None),
+    ("text/plain json", {"data": b'{"payload": 1}', "content_type": "text/plain"},
+     415, "unsupported-media-type", None),
+    ("oversize body", {"json": {"payload": "x" * 5000}}, 413, "payload-too-large", None),
+    ("unknown field", {"json": {"payload": 1, "paylod": 2}}, 422, "validation-failed",
+     ["body", "paylod"]),
+    ("missing payload", {"json": {"workflow": "wf-crm"}}, 422, "validation-failed",
+     ["body", "payload"]),
+    ("NaN in payload", {"data": b'{"payload": {"a": [1, NaN]}}', "content_type": "application/json"},
+     422, "validation-failed", ["body", "payload", "a", 1]),
+    ("Infinity", {"data": b'{"payload": -Infinity}', "content_type": "application/json"},
+     422, "validation-failed", ["body", "payload"]),
+    ("1e400 overflows", {"data": b'{"payload": 1e400}', "content_type": "application/json"},
+     422, "validation-failed", ["body", "payload"]),
+    ("body not an object", {"json": [1, 2]}, 422, "validation-failed", ["body"]),
+    ("lease_s not a number", {"json": {"payload": 1, "lease_s": "soon"}}, 422,
+     "validation-failed", ["body", "lease_s"]),
+    ("negative lease", {"json": {"payload": 1, "lease_s": -5}}, 422, "validation-failed",
+     ["body", "lease_s"]),
+    ("bad execution mode", {"json": {"payload": 1, "execution_mode": "manual"}}, 422,
+     "validation-failed", ["body", "execution_mode"]),
+    ("deep nesting", {"data": b'{"payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                      "content_type": "application/json"}, 413, "payload-too-large", None),
+]
+
+
+@pytest.mark.parametrize(("name", "send", "status", "slug", "loc"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_bad_body_is_rejected_and_changes_nothing(
+    seeded: tuple[Api, Any], store_url: str, name: str, send: dict[str, Any], status: int,
+    slug: str, loc: list[Any] | None,
+) -> None:
+    api, before = seeded
+    r = api.client.post(BEGIN, headers=AUTH, **send)
+    assert r.status_code == status, r.get_data(as_text=True)
+    assert r.mimetype == "application/problem+json"
+    body = r.get_json()
+    assert body["type"].endswith(slug) and body["status"] == status
+    assert body["title"] and body["detail"]
+    if loc is not None:
+        assert loc in [e["loc"] for e in body["errors"]]
+    assert dump(store_url) == before
+
+
+def test_deep_nesting_within_limit_is_a_clean_error(make_app: AppFactory) -> None:
+    api = Api(make_app().test_client())
+    deep = b'{"payload": ' + b"[" * 60_000 + b"]" * 60_000 + b"}"
+    r = api.client.post(BEGIN, headers=AUTH, data=deep, content_type="application/json")
+    assert r.status_code in (400, 422) and r.mimetype == "application/problem+json"
+
+
+@pytest.mark.parametrize("op_id", ["has space", "x" * 201, "semi;colon", "slash%2Fx", "ünï"])
+def test_bad_operation_id(seeded: tuple[Api, Any], store_url: str, op_id: str) -> None:
+    api, before = seeded
+    status, body = api.post(f"/v1/operations/{op_id}/begin", {"payload": 1})
+    assert status in (404, 422), body
+    if status == 422:
+        assert body["errors"][0]["loc"] == ["path", "operation_id"]
+    assert dump(store_url) == before
+
+
+@pytest.mark.parametrize("token", [None, "not-a-token"])
+def test_missing_or_unknown_token_is_401(seeded: tuple[Api, Any], store_url: str,
+                                         token: str | None) -> None:
+    api, before = seeded
+    status, body = api.post(BEGIN, {"payload": 1}, token=token)
+    assert status == 401 and body["type"].endswith("unauthenticated")
+    assert dump(store_url) == before
+
+
+def test_out_of_scope_workflow_is_403(seeded: tuple[Api, Any], store_url: str) -> None:
+    api, before = seeded
+    status, body = api.post("/v1/operations/x/begin", {"payload": 1, "workflow": "wf-crm"},
+                            token=SCOPED_TOKEN)
+    assert status == 403 and body["type"].endswith("forbidden")
+    assert dump(store_url) == before
+
+
+def test_commit_and_fail_field_errors(seeded: tuple[Api, Any], store_url: str) -> None:
+    api, before = seeded
+    for path, body, loc in (
+        ("commit", {"attempt": 0, "receipt": "r"}, ["body", "attempt"]),
+        ("commit", {"attempt": 1}, ["body", "receipt"]),
+        ("fail", {"attempt": 1, "outcome": "failed"}, ["body", "outcome"]),
+        ("reconcile", {"outcome": "maybe", "evidence": 1}, ["body", "outcome"]),
+    ):
+        status, got = api.post(f"/v1/operations/order-1/{path}", body)
+        assert status == 422 and loc in [e["loc"] for e in got["errors"]], got
+    assert dump(store_url) == before
+
+
+def test_unknown_route_and_method_are_problems(seeded: tuple[Api, Any]) -> None:
+    api, _ = seeded
+    r = api.client.get("/v1/nothing-here", headers=AUTH)
+    assert r.status_code == 404 and r.mimetype == "application/problem+json"
+    r = api.client.delete(BEGIN, headers=AUTH)
+    assert r.status_code == 405 and r.mimetype == "application/problem+json"
+
+
+def test_empty_body_is_an_empty_object(seeded: tuple[Api, Any]) -> None:
+    api, _ = seeded
+    r = api.client.post(BEGIN, headers=AUTH)
+    assert r.status_code == 422
+    assert ["body", "payload"] in [e["loc"] for e in r.get_json()["errors"]]
+
+
+def test_big_integers_fingerprint_like_javascript(seeded: tuple[Api, Any]) -> None:
+    """n8n parses 2**60 as a double; so must the fingerprint, or a retry would conflict."""
+    api, _ = seeded
+    api.begin("big", {"id": 2**60})
+    r = api.client.post("/v1/operations/big/begin", headers=AUTH,
+                        data=b'{"payload": {"id": 1152921504606846976.0}}',
+                        content_type="application/json")
+    assert r.get_json()["decision"] == "in_progress"

@@ -1,0 +1,160 @@
+"""``loopstop serve`` for real: gunicorn with 4 worker processes over HTTP."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from conftest import N8N_TOKEN, TOKENS_CONFIG, TOKENS_ENV, free_port
+
+pytestmark = pytest.mark.slow
+
+
+class Sidecar:
+    """A ``loopstop serve`` process on a free loopback port."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], workers: int = 4) -> None:
+        self.cwd = cwd
+        self.env = env
+        self.workers = workers
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[str] | None = None
+        self.log = cwd / f"serve-{self.port}.log"
+
+    def start(self) -> Sidecar:
+        env = {"PATH": os.environ["PATH"], **self.env}
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{self.port}",
+                 "--workers", str(self.workers)],
+                cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited: {self.log.read_text()[-2000:]}")
+            try:
+                if requests.get(self.base + "/readyz", timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("serve did not become ready")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture
+def sidecar_env(store_url: str) -> dict[str, str]:
+    return {**TOKENS_ENV, "LOOPSTOP_STORE": store_url}
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def tokens_yaml() -> str:
+    lines = ["tokens:"]
+    for t in TOKENS_CONFIG:
+        lines.append(f"  - name: {t['name']}")
+        lines.append(f"    env: {t['env']}")
+        lines.append(f"    workflows: {list(t['workflows'])}")
+        lines.append(f"    admin: {str(t.get('admin', False)).lower()}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def served(tmp_path: Path, sidecar_env: dict[str, str]) -> Iterator[Sidecar]:
+    config = write_config(tmp_path / "loopstop.yaml", tokens_yaml())
+    s = Sidecar(tmp_path, {**sidecar_env, "LOOPSTOP_CONFIG": str(config)}).start()
+    yield s
+    s.stop()
+
+
+def race(base: str, op_id: str, n: int, payload: Any, headers: dict[str, str]) -> Counter[str]:
+    barrier = threading.Barrier(n)
+
+    def one(_: int) -> str:
+        with requests.Session() as session:
+            barrier.wait()
+            r = session.post(f"{base}/v1/operations/{op_id}/begin", json={"payload": payload},
+                             headers=headers, timeout=30)
+            assert r.status_code == 200, r.text
+            return str(r.json()["decision"])
+
+    with ThreadPoolExecutor(n) as pool:
+        return Counter(pool.map(one, range(n)))
+
+
+def test_race_32_clients_across_4_workers_exactly_one_execute(served: Sidecar) -> None:
+    headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
+    for round_ in range(3):
+        got = race(served.base, f"race-{round_}", 32, {"order": round_}, headers)
+        print(f"race round {round_}: {dict(got)}")
+        assert got == Counter({"execute": 1, "in_progress": 31})
+
+
+def test_no_configuration_four_workers_one_execute_then_replay_after_restart(
+    tmp_path: Path,
+) -> None:
+    """The embedded default: no file, no tokens, no secret given."""
+    s = Sidecar(tmp_path, {}).start()
+    try:
+        got = race(s.base, "welcome-mail-7", 50, {"to": "a@example.com", "n": 1}, {})
+        print(f"no-config race: {dict(got)}")
+        assert got == Counter({"execute": 1, "in_progress": 49})
+        secret = tmp_path / "loopstop.secret"
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        assert (tmp_path / "loopstop.db").exists()
+        r = requests.post(f"{s.base}/v1/operations/welcome-mail-7/commit",
+                          json={"attempt": 1, "receipt": {"message_id": "<m1@x>"}}, timeout=5)
+        assert r.status_code == 200
+    finally:
+        s.stop()
+    s = Sidecar(tmp_path, {}).start()
+    try:
+        r = requests.post(f"{s.base}/v1/operations/welcome-mail-7/begin",
+                          json={"payload": {"n": 1.0, "to": "a@example.com"}}, timeout=5)
+        assert r.json()["decision"] == "replay"
+        assert r.json()["operation"]["receipt"] == {"message_id": "<m1@x>"}
+    finally:
+        s.stop()
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
+            timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args], cwd=cwd, capture_output=True, text=True,
+        env={"PATH": os.environ["PATH"], **(env or {})}, timeout=timeout, check=False,
+    )
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:0", "192.0.2.1:8765", "example.com:80"])
+def test_serve_refuses_public_bind_without_tokens(tmp_path: Path, bind: str) -> None:
+    out = run_cli("serve", "--bind", bind, cwd=tmp_path)
+    assert out.returncode == 2
+    assert "refusing to bind" in out.stderr and "tokens" in out.stderr
+
+
+def test_serve_refuses_bad_config_file(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "bad.yaml", "limits:\n  max_tool_calls: -1\n")
+    out = run_cli("serve", cwd=tmp_path, env={"LOOPSTOP_CONFIG": str(cfg)})
+    assert out.returncode == 2 and "limits.max_tool_calls" in out.stderr
+    assert not (tmp_path / "loopstop.db").exists()
