@@ -8,6 +8,7 @@ error and its path, instead of as a crash loop of workers.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -164,3 +165,40 @@ class _Gunicorn(_gunicorn_base()):  # type: ignore[misc]
         from sidecar.app import create_app
 
         return create_app(announce=False)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--store", "store_url", default=None,
+              help="Store URL to replay into (default: a temporary SQLite file).")
+@click.option("--verbose", "-v", is_flag=True, help="Print every answer.")
+def replay(files: tuple[str, ...], store_url: str | None, verbose: bool) -> None:
+    """Replay scenario files (tests/scenarios/*.json) and compare every answer."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from sidecar import replay as replayer
+
+    failed = 0
+    for name in files:
+        try:
+            scenario = replayer.load(Path(name))
+        except (ValidationError, ValueError) as exc:
+            click.echo(f"{name}: not a scenario file: {exc}", err=True)
+            failed += 1
+            continue
+        click.echo(f"{name}: {scenario.name}")
+        for result in replayer.run(scenario, store_url):
+            step = result.step
+            what = step.post and f"POST {step.post}" or step.get and f"GET {step.get}" \
+                or f"advance {step.advance_s} s"
+            mark = "ok " if result.ok else "FAIL"
+            click.echo(f"  {mark} {result.index:>2} {what}" + (f"  ({step.note})" if step.note
+                                                               else ""))
+            if verbose and result.body is not None:
+                click.echo("       " + json.dumps(result.body, sort_keys=True))
+            for problem in result.mismatches:
+                click.echo(f"       {problem}")
+            failed += not result.ok
+    sys.exit(1 if failed else 0)
