@@ -115,9 +115,7 @@ def create_app(
     problems.register(app, _render_extra)
 
     if tokens.open and announce:
-        log.warning(
-            "no tokens configured: serving WITHOUT authentication, loopback callers only"
-        )
+        log.warning("no tokens configured: serving WITHOUT authentication, loopback callers only")
     return app
 
 

@@ -14,6 +14,7 @@ match.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import math
@@ -182,18 +183,14 @@ def load_or_create_secret_file(path: Path) -> Secret:
                 fh.write(secrets.token_urlsafe(48) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            try:
+            with contextlib.suppress(FileExistsError):  # another process won the race
                 os.link(tmp, path)
-            except FileExistsError:
-                pass
         finally:
             tmp.unlink(missing_ok=True)
     return secret_from_text(path.read_text())
 
 
-def build_fingerprinter(
-    environ: Mapping[str, str], secret_file: Path | None
-) -> Fingerprinter:
+def build_fingerprinter(environ: Mapping[str, str], secret_file: Path | None) -> Fingerprinter:
     """Build the fingerprinter from ``LOOPSTOP_SECRET`` (+ ``_PREVIOUS``) or a kept file.
 
     :param secret_file: where the generated secret lives when

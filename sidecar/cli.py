@@ -50,11 +50,15 @@ def check_binds(settings: Settings, binds: list[str]) -> None:
         return
     public = [b for b in binds if (h := _bind_host(b)) is not None and not is_loopback(h)]
     if public:
-        raise ConfigError([(
-            "tokens",
-            f"no tokens are configured, so loopstop serves only loopback; refusing to bind "
-            f"{', '.join(public)}. Configure tokens (see README) or bind 127.0.0.1.",
-        )])
+        raise ConfigError(
+            [
+                (
+                    "tokens",
+                    f"no tokens are configured, so loopstop serves only loopback; refusing to bind "
+                    f"{', '.join(public)}. Configure tokens (see README) or bind 127.0.0.1.",
+                )
+            ]
+        )
 
 
 @click.group()
@@ -93,14 +97,35 @@ def check_config() -> None:
 
 
 @main.command()
-@click.option("--bind", "binds", multiple=True, metavar="HOST:PORT",
-              help=f"Address to listen on (repeatable). Default {DEFAULT_BIND}.")
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="gunicorn worker processes.")
-@click.option("--threads", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Threads per worker.")
-@click.option("--timeout", "timeout_s", type=click.IntRange(5, 3600), default=60,
-              show_default=True, help="Seconds before a silent worker is restarted.")
+@click.option(
+    "--bind",
+    "binds",
+    multiple=True,
+    metavar="HOST:PORT",
+    help=f"Address to listen on (repeatable). Default {DEFAULT_BIND}.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="gunicorn worker processes.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Threads per worker.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.IntRange(5, 3600),
+    default=60,
+    show_default=True,
+    help="Seconds before a silent worker is restarted.",
+)
 def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) -> None:
     """Run the sidecar under gunicorn."""
     bind_list = list(binds) or [os.environ.get("LOOPSTOP_BIND", DEFAULT_BIND)]
@@ -119,23 +144,32 @@ def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) ->
         click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
         sys.exit(3)
     if not settings.tokens:
-        log.warning("no tokens configured: serving WITHOUT authentication on %s (loopback only)",
-                    ", ".join(bind_list))
-    log.info("loopstop %s: store %s, %d worker(s), listening on %s", __version__,
-             _redacted_store(settings.store), workers, ", ".join(bind_list))
-    _Gunicorn({
-        "bind": bind_list,
-        "workers": workers,
-        "threads": threads,
-        "timeout": timeout_s,
-        "graceful_timeout": 20,
-        "keepalive": 5,
-        "accesslog": None,
-        "errorlog": "-",
-        "loglevel": os.environ.get("LOOPSTOP_LOG_LEVEL", "info").lower(),
-        "proc_name": "loopstop",
-        "forwarded_allow_ips": "127.0.0.1,::1",
-    }).run()
+        log.warning(
+            "no tokens configured: serving WITHOUT authentication on %s (loopback only)",
+            ", ".join(bind_list),
+        )
+    log.info(
+        "loopstop %s: store %s, %d worker(s), listening on %s",
+        __version__,
+        _redacted_store(settings.store),
+        workers,
+        ", ".join(bind_list),
+    )
+    _Gunicorn(
+        {
+            "bind": bind_list,
+            "workers": workers,
+            "threads": threads,
+            "timeout": timeout_s,
+            "graceful_timeout": 20,
+            "keepalive": 5,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": os.environ.get("LOOPSTOP_LOG_LEVEL", "info").lower(),
+            "proc_name": "loopstop",
+            "forwarded_allow_ips": "127.0.0.1,::1",
+        }
+    ).run()
 
 
 def _redacted_store(url: str) -> str:
@@ -169,8 +203,12 @@ class _Gunicorn(_gunicorn_base()):  # type: ignore[misc]
 
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--store", "store_url", default=None,
-              help="Store URL to replay into (default: a temporary SQLite file).")
+@click.option(
+    "--store",
+    "store_url",
+    default=None,
+    help="Store URL to replay into (default: a temporary SQLite file).",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Print every answer.")
 def replay(files: tuple[str, ...], store_url: str | None, verbose: bool) -> None:
     """Replay scenario files (tests/scenarios/*.json) and compare every answer."""
@@ -191,11 +229,15 @@ def replay(files: tuple[str, ...], store_url: str | None, verbose: bool) -> None
         click.echo(f"{name}: {scenario.name}")
         for result in replayer.run(scenario, store_url):
             step = result.step
-            what = step.post and f"POST {step.post}" or step.get and f"GET {step.get}" \
+            what = (
+                (step.post and f"POST {step.post}")
+                or (step.get and f"GET {step.get}")
                 or f"advance {step.advance_s} s"
+            )
             mark = "ok " if result.ok else "FAIL"
-            click.echo(f"  {mark} {result.index:>2} {what}" + (f"  ({step.note})" if step.note
-                                                               else ""))
+            click.echo(
+                f"  {mark} {result.index:>2} {what}" + (f"  ({step.note})" if step.note else "")
+            )
             if verbose and result.body is not None:
                 click.echo("       " + json.dumps(result.body, sort_keys=True))
             for problem in result.mismatches:

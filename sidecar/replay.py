@@ -98,8 +98,11 @@ def mismatches(expected: Any, actual: Any, path: str = "$") -> list[str]:
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(actual) != len(expected):
             return [f"{path}: expected {len(expected)} items, got {json.dumps(actual)}"]
-        return [m for i, (e, a) in enumerate(zip(expected, actual, strict=True))
-                for m in mismatches(e, a, f"{path}[{i}]")]
+        return [
+            m
+            for i, (e, a) in enumerate(zip(expected, actual, strict=True))
+            for m in mismatches(e, a, f"{path}[{i}]")
+        ]
     if expected != actual or isinstance(expected, bool) != isinstance(actual, bool):
         return [f"{path}: expected {json.dumps(expected)}, got {json.dumps(actual)}"]
     return []
@@ -124,8 +127,12 @@ def run(scenario: Scenario, store_url: str | None = None) -> Iterator[StepResult
     now = [SCENARIO_EPOCH]
     with tempfile.TemporaryDirectory(prefix="loopstop-replay-") as tmp:
         config = {"store": store_url or f"sqlite:///{tmp}/replay.db", **scenario.config}
-        app = create_app(config, environ={"LOOPSTOP_SECRET": "replay-secret-0123456789"},
-                         clock=lambda: now[0], announce=False)
+        app = create_app(
+            config,
+            environ={"LOOPSTOP_SECRET": "replay-secret-0123456789"},
+            clock=lambda: now[0],
+            announce=False,
+        )
         client = app.test_client()
         try:
             for i, step in enumerate(scenario.steps):

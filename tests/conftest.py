@@ -52,8 +52,10 @@ def redis_server_binary() -> str:
     """``LOOPSTOP_TEST_REDIS_SERVER`` or ``redis-server`` on PATH; fail loudly otherwise."""
     found = os.environ.get("LOOPSTOP_TEST_REDIS_SERVER") or shutil.which("redis-server")
     if not found:
-        pytest.fail("redis-server is not installed: the Redis conformance tests need it "
-                    "(scripts/test.sh installs it; or set LOOPSTOP_TEST_REDIS_SERVER)")
+        pytest.fail(
+            "redis-server is not installed: the Redis conformance tests need it "
+            "(scripts/test.sh installs it; or set LOOPSTOP_TEST_REDIS_SERVER)"
+        )
     return found
 
 
@@ -70,10 +72,24 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-             "--protected-mode", "no", *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--protected-mode",
+                "no",
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         client = redis_lib.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
@@ -174,8 +190,9 @@ class Api:
         return {"Authorization": f"Bearer {tok}"} if tok else {}
 
     def post(self, path: str, body: Any = None, token: str | None = "default") -> tuple[int, Any]:
-        r = self.client.post(path, json=body if body is not None else {},
-                             headers=self._headers(token))
+        r = self.client.post(
+            path, json=body if body is not None else {}, headers=self._headers(token)
+        )
         return r.status_code, r.get_json(silent=True)
 
     def get(self, path: str, token: str | None = "default", **query: Any) -> tuple[int, Any]:
@@ -183,9 +200,10 @@ class Api:
         return r.status_code, r.get_json(silent=True)
 
     def begin(self, op_id: str, payload: Any = None, **fields: Any) -> dict[str, Any]:
-        status, body = self.post(f"/v1/operations/{op_id}/begin",
-                                 {"payload": payload if payload is not None else {"x": 1},
-                                  **fields})
+        status, body = self.post(
+            f"/v1/operations/{op_id}/begin",
+            {"payload": payload if payload is not None else {"x": 1}, **fields},
+        )
         assert status == 200, body
         return dict(body)
 

@@ -20,14 +20,17 @@ def dump(store_url: str) -> Any:
     if store_url.startswith("sqlite"):
         path = store_url.removeprefix("sqlite:///")
         with sqlite3.connect(path) as conn:
-            return (sorted(conn.execute("SELECT key, doc FROM kv")),
-                    sorted(conn.execute("SELECT name, member, score FROM idx")))
+            return (
+                sorted(conn.execute("SELECT key, doc FROM kv")),
+                sorted(conn.execute("SELECT name, member, score FROM idx")),
+            )
     client = redis.Redis.from_url(store_url, decode_responses=True)
     out = {}
     for key in sorted(client.keys("*")):
         kind = client.type(key)
-        out[key] = client.get(key) if kind == "string" else client.zrange(key, 0, -1,
-                                                                           withscores=True)
+        out[key] = (
+            client.get(key) if kind == "string" else client.zrange(key, 0, -1, withscores=True)
+        )
     return out
 
 
@@ -39,42 +42,116 @@ def seeded(make_app: AppFactory, store_url: str) -> tuple[Api, Any]:
 
 
 CASES: list[tuple[str, dict[str, Any], int, str, list[Any] | None]] = [
-    ("malformed json", {"data": b'{"payload": ', "content_type": "application/json"},
-     400, "malformed-request", None),
-    ("not utf-8", {"data": b'{"payload": "\xff"}', "content_type": "application/json"},
-     400, "malformed-request", None),
-    ("wrong content type", {"data": b"payload=1", "content_type": "application/x-www-form-urlencoded"},
-     415, "unsupported-media-type", None),
-    ("text/plain json", {"data": b'{"payload": 1}', "content_type": "text/plain"},
-     415, "unsupported-media-type", None),
+    (
+        "malformed json",
+        {"data": b'{"payload": ', "content_type": "application/json"},
+        400,
+        "malformed-request",
+        None,
+    ),
+    (
+        "not utf-8",
+        {"data": b'{"payload": "\xff"}', "content_type": "application/json"},
+        400,
+        "malformed-request",
+        None,
+    ),
+    (
+        "wrong content type",
+        {"data": b"payload=1", "content_type": "application/x-www-form-urlencoded"},
+        415,
+        "unsupported-media-type",
+        None,
+    ),
+    (
+        "text/plain json",
+        {"data": b'{"payload": 1}', "content_type": "text/plain"},
+        415,
+        "unsupported-media-type",
+        None,
+    ),
     ("oversize body", {"json": {"payload": "x" * 5000}}, 413, "payload-too-large", None),
-    ("unknown field", {"json": {"payload": 1, "paylod": 2}}, 422, "validation-failed",
-     ["body", "paylod"]),
-    ("missing payload", {"json": {"workflow": "wf-crm"}}, 422, "validation-failed",
-     ["body", "payload"]),
-    ("NaN in payload", {"data": b'{"payload": {"a": [1, NaN]}}', "content_type": "application/json"},
-     422, "validation-failed", ["body", "payload", "a", 1]),
-    ("Infinity", {"data": b'{"payload": -Infinity}', "content_type": "application/json"},
-     422, "validation-failed", ["body", "payload"]),
-    ("1e400 overflows", {"data": b'{"payload": 1e400}', "content_type": "application/json"},
-     422, "validation-failed", ["body", "payload"]),
+    (
+        "unknown field",
+        {"json": {"payload": 1, "paylod": 2}},
+        422,
+        "validation-failed",
+        ["body", "paylod"],
+    ),
+    (
+        "missing payload",
+        {"json": {"workflow": "wf-crm"}},
+        422,
+        "validation-failed",
+        ["body", "payload"],
+    ),
+    (
+        "NaN in payload",
+        {"data": b'{"payload": {"a": [1, NaN]}}', "content_type": "application/json"},
+        422,
+        "validation-failed",
+        ["body", "payload", "a", 1],
+    ),
+    (
+        "Infinity",
+        {"data": b'{"payload": -Infinity}', "content_type": "application/json"},
+        422,
+        "validation-failed",
+        ["body", "payload"],
+    ),
+    (
+        "1e400 overflows",
+        {"data": b'{"payload": 1e400}', "content_type": "application/json"},
+        422,
+        "validation-failed",
+        ["body", "payload"],
+    ),
     ("body not an object", {"json": [1, 2]}, 422, "validation-failed", ["body"]),
-    ("lease_s not a number", {"json": {"payload": 1, "lease_s": "soon"}}, 422,
-     "validation-failed", ["body", "lease_s"]),
-    ("negative lease", {"json": {"payload": 1, "lease_s": -5}}, 422, "validation-failed",
-     ["body", "lease_s"]),
-    ("bad execution mode", {"json": {"payload": 1, "execution_mode": "manual"}}, 422,
-     "validation-failed", ["body", "execution_mode"]),
-    ("deep nesting", {"data": b'{"payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-                      "content_type": "application/json"}, 413, "payload-too-large", None),
+    (
+        "lease_s not a number",
+        {"json": {"payload": 1, "lease_s": "soon"}},
+        422,
+        "validation-failed",
+        ["body", "lease_s"],
+    ),
+    (
+        "negative lease",
+        {"json": {"payload": 1, "lease_s": -5}},
+        422,
+        "validation-failed",
+        ["body", "lease_s"],
+    ),
+    (
+        "bad execution mode",
+        {"json": {"payload": 1, "execution_mode": "manual"}},
+        422,
+        "validation-failed",
+        ["body", "execution_mode"],
+    ),
+    (
+        "deep nesting",
+        {
+            "data": b'{"payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "content_type": "application/json",
+        },
+        413,
+        "payload-too-large",
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "send", "status", "slug", "loc"), CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "send", "status", "slug", "loc"), CASES, ids=[c[0] for c in CASES]
+)
 def test_bad_body_is_rejected_and_changes_nothing(
-    seeded: tuple[Api, Any], store_url: str, name: str, send: dict[str, Any], status: int,
-    slug: str, loc: list[Any] | None,
+    seeded: tuple[Api, Any],
+    store_url: str,
+    name: str,
+    send: dict[str, Any],
+    status: int,
+    slug: str,
+    loc: list[Any] | None,
 ) -> None:
     api, before = seeded
     r = api.client.post(BEGIN, headers=AUTH, **send)
@@ -106,8 +183,9 @@ def test_bad_operation_id(seeded: tuple[Api, Any], store_url: str, op_id: str) -
 
 
 @pytest.mark.parametrize("token", [None, "not-a-token"])
-def test_missing_or_unknown_token_is_401(seeded: tuple[Api, Any], store_url: str,
-                                         token: str | None) -> None:
+def test_missing_or_unknown_token_is_401(
+    seeded: tuple[Api, Any], store_url: str, token: str | None
+) -> None:
     api, before = seeded
     status, body = api.post(BEGIN, {"payload": 1}, token=token)
     assert status == 401 and body["type"].endswith("unauthenticated")
@@ -116,8 +194,9 @@ def test_missing_or_unknown_token_is_401(seeded: tuple[Api, Any], store_url: str
 
 def test_out_of_scope_workflow_is_403(seeded: tuple[Api, Any], store_url: str) -> None:
     api, before = seeded
-    status, body = api.post("/v1/operations/x/begin", {"payload": 1, "workflow": "wf-crm"},
-                            token=SCOPED_TOKEN)
+    status, body = api.post(
+        "/v1/operations/x/begin", {"payload": 1, "workflow": "wf-crm"}, token=SCOPED_TOKEN
+    )
     assert status == 403 and body["type"].endswith("forbidden")
     assert dump(store_url) == before
 
@@ -154,7 +233,10 @@ def test_big_integers_fingerprint_like_javascript(seeded: tuple[Api, Any]) -> No
     """n8n parses 2**60 as a double; so must the fingerprint, or a retry would conflict."""
     api, _ = seeded
     api.begin("big", {"id": 2**60})
-    r = api.client.post("/v1/operations/big/begin", headers=AUTH,
-                        data=b'{"payload": {"id": 1152921504606846976.0}}',
-                        content_type="application/json")
+    r = api.client.post(
+        "/v1/operations/big/begin",
+        headers=AUTH,
+        data=b'{"payload": {"id": 1152921504606846976.0}}',
+        content_type="application/json",
+    )
     assert r.get_json()["decision"] == "in_progress"

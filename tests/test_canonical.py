@@ -48,7 +48,10 @@ def test_rotation_fingerprints_under_every_secret() -> None:
     old, new = Secret(b"o" * 32), Secret(b"n" * 32)
     f = Fingerprinter(new, [old])
     fps = f.fingerprints({"a": 1})
-    assert fps == {new.id: f.fingerprint({"a": 1}), old.id: Fingerprinter(old).fingerprint({"a": 1})}
+    assert fps == {
+        new.id: f.fingerprint({"a": 1}),
+        old.id: Fingerprinter(old).fingerprint({"a": 1}),
+    }
     assert f.verify("m", Fingerprinter(old).sign("m")) and not f.verify("m", "00")
 
 
@@ -59,8 +62,11 @@ def test_secret_text_rules() -> None:
 
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )

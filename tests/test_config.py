@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from conftest import SECRET, Api, Clock
-
 from sidecar.app import create_app
 from sidecar.config import Settings, load_settings
 from sidecar.errors import ConfigError
@@ -62,9 +61,15 @@ ENV = {"LOOPSTOP_TOKEN_N8N": "a" * 20, "LOOPSTOP_TOKEN_ADMIN": "b" * 20}
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sidecar", *args], cwd=cwd, text=True,
-                          capture_output=True, env={"PATH": os.environ["PATH"], **env},
-                          timeout=30, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        env={"PATH": os.environ["PATH"], **env},
+        timeout=30,
+        check=False,
+    )
 
 
 def test_design_example_file_is_valid(tmp_path: Path) -> None:
@@ -77,21 +82,25 @@ def test_design_example_file_is_valid(tmp_path: Path) -> None:
 
 def test_every_error_has_its_path() -> None:
     with pytest.raises(ConfigError) as info:
-        Settings.from_mapping({
-            "limits": {"max_tool_calls": 0, "max_toll_calls": 3},
-            "tokens": [{"name": "x"}],
-            "tools": {"t": {"check": "nope"}},
-        })
+        Settings.from_mapping(
+            {
+                "limits": {"max_tool_calls": 0, "max_toll_calls": 3},
+                "tokens": [{"name": "x"}],
+                "tools": {"t": {"check": "nope"}},
+            }
+        )
     paths = {p for p, _ in info.value.problems}
     assert {"limits.max_tool_calls", "limits.max_toll_calls", "tokens.0.env"} <= paths
 
 
 def test_cross_references_are_checked() -> None:
     with pytest.raises(ConfigError) as info:
-        Settings.from_mapping({
-            "tools": {"t": {"check": "nope"}},
-            "checks": {"both": {"kind": "all", "of": ["ghost"]}},
-        })
+        Settings.from_mapping(
+            {
+                "tools": {"t": {"check": "nope"}},
+                "checks": {"both": {"kind": "all", "of": ["ghost"]}},
+            }
+        )
     paths = {p for p, _ in info.value.problems}
     assert paths == {"tools.t.check", "checks.both.of.0"}
 
@@ -142,18 +151,34 @@ def test_short_secret_is_refused(tmp_path: Path) -> None:
 
 def test_secret_rotation_keeps_matching_old_records(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/x.db"
-    old = Api(create_app({"store": url}, environ={"LOOPSTOP_SECRET": SECRET},
-                         clock=Clock()).test_client(), token=None)
+    old = Api(
+        create_app(
+            {"store": url}, environ={"LOOPSTOP_SECRET": SECRET}, clock=Clock()
+        ).test_client(),
+        token=None,
+    )
     old.begin("o", {"a": 1})
     old.post("/v1/operations/o/commit", {"attempt": 1, "receipt": "r"})
     new_secret = "rotated-secret-abcdefghijklmnop"
-    rotated = Api(create_app({"store": url}, environ={
-        "LOOPSTOP_SECRET": new_secret, "LOOPSTOP_SECRET_PREVIOUS": SECRET,
-    }, clock=Clock()).test_client(), token=None)
+    rotated = Api(
+        create_app(
+            {"store": url},
+            environ={
+                "LOOPSTOP_SECRET": new_secret,
+                "LOOPSTOP_SECRET_PREVIOUS": SECRET,
+            },
+            clock=Clock(),
+        ).test_client(),
+        token=None,
+    )
     assert rotated.begin("o", {"a": 1})["decision"] == "replay"
     assert rotated.begin("o", {"a": 2})["decision"] == "conflict"
-    forgot = Api(create_app({"store": url}, environ={"LOOPSTOP_SECRET": new_secret},
-                            clock=Clock()).test_client(), token=None)
+    forgot = Api(
+        create_app(
+            {"store": url}, environ={"LOOPSTOP_SECRET": new_secret}, clock=Clock()
+        ).test_client(),
+        token=None,
+    )
     assert forgot.begin("o", {"a": 1})["decision"] == "conflict"  # never a blind replay
     assert forgot.begin("fresh", {"a": 1})["decision"] == "execute"
 

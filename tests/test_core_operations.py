@@ -162,8 +162,12 @@ def test_commit_after_not_committed_is_conflict() -> None:
 def test_fail_unknown_then_commit_by_same_attempt_settles() -> None:
     op, _ = core.fail(started(), "op-1", 1, FailOutcome.UNKNOWN, "timeout", NOW + 5)
     assert op is not None and op.state is OperationState.UNKNOWN
-    assert op.last_failure == {"attempt": 1, "outcome": "unknown", "detail": "timeout",
-                               "at": NOW + 5}
+    assert op.last_failure == {
+        "attempt": 1,
+        "outcome": "unknown",
+        "detail": "timeout",
+        "at": NOW + 5,
+    }
     done, _ = core.commit(op, "op-1", 1, "r", None, NOW + 6)
     assert done is not None and done.state is OperationState.COMMITTED
 
@@ -185,19 +189,25 @@ def test_reconcile_refused_under_live_lease() -> None:
 
 
 def test_reconcile_expired_lease_committed_records_evidence_and_actor() -> None:
-    op, _ = core.reconcile(started(), "op-1", ReconcileOutcome.COMMITTED, "r-9",
-                           {"found": True}, "operator", NOW + 61)
+    op, _ = core.reconcile(
+        started(), "op-1", ReconcileOutcome.COMMITTED, "r-9", {"found": True}, "operator", NOW + 61
+    )
     assert op is not None and op.state is OperationState.COMMITTED and op.receipt == "r-9"
-    assert op.reconciliation == {"outcome": "committed", "evidence": {"found": True},
-                                 "actor": "operator", "at": NOW + 61}
+    assert op.reconciliation == {
+        "outcome": "committed",
+        "evidence": {"found": True},
+        "actor": "operator",
+        "at": NOW + 61,
+    }
     _, out = core.begin(op, req(), POLICY, NOW + 62)
     assert out.decision is BeginDecision.REPLAY
 
 
 def test_reconcile_not_committed_allows_next_attempt() -> None:
     unknown, _ = core.fail(started(), "op-1", 1, FailOutcome.UNKNOWN, None, NOW)
-    op, _ = core.reconcile(unknown, "op-1", ReconcileOutcome.NOT_COMMITTED, None,
-                           {"searched": "crm"}, "n8n", NOW + 1)
+    op, _ = core.reconcile(
+        unknown, "op-1", ReconcileOutcome.NOT_COMMITTED, None, {"searched": "crm"}, "n8n", NOW + 1
+    )
     new, out = core.begin(op, req(), POLICY, NOW + 2)
     assert out.decision is BeginDecision.EXECUTE and new is not None and new.attempt == 2
 
@@ -227,10 +237,11 @@ def test_doc_round_trip() -> None:
 
 ACTIONS = st.lists(
     st.tuples(
-        st.sampled_from(["begin", "commit", "fail_nc", "fail_unknown", "reconcile_c",
-                         "reconcile_nc"]),
-        st.integers(min_value=1, max_value=4),   # attempt used by commit/fail
-        st.floats(min_value=0, max_value=200),   # time step
+        st.sampled_from(
+            ["begin", "commit", "fail_nc", "fail_unknown", "reconcile_c", "reconcile_nc"]
+        ),
+        st.integers(min_value=1, max_value=4),  # attempt used by commit/fail
+        st.floats(min_value=0, max_value=200),  # time step
     ),
     max_size=30,
 )
@@ -259,8 +270,11 @@ def test_a_write_known_or_possibly_done_is_never_executed_again(actions: list) -
                 outcome = FailOutcome.NOT_COMMITTED if action == "fail_nc" else FailOutcome.UNKNOWN
                 op = core.fail(op, "op-1", attempt, outcome, None, now)[0] or op
             else:
-                outcome = (ReconcileOutcome.COMMITTED if action == "reconcile_c"
-                           else ReconcileOutcome.NOT_COMMITTED)
+                outcome = (
+                    ReconcileOutcome.COMMITTED
+                    if action == "reconcile_c"
+                    else ReconcileOutcome.NOT_COMMITTED
+                )
                 op = core.reconcile(op, "op-1", outcome, "r", {"e": 1}, "t", now)[0] or op
         except (StaleAttempt, StateConflict):
             pass

@@ -18,8 +18,9 @@ def fail(api: Api, op_id: str, attempt: int, outcome: str, **kw: Any) -> tuple[i
     return api.post(f"{OP}/{op_id}/fail", {"attempt": attempt, "outcome": outcome, **kw})
 
 
-def reconcile(api: Api, op_id: str, outcome: str, token: str = "default",
-              **kw: Any) -> tuple[int, Any]:
+def reconcile(
+    api: Api, op_id: str, outcome: str, token: str = "default", **kw: Any
+) -> tuple[int, Any]:
     body = {"outcome": outcome, "evidence": {"checked": "crm"}, **kw}
     return api.post(f"{OP}/{op_id}/reconcile", body, token=token)
 
@@ -103,9 +104,7 @@ def test_commit_repeat_same_receipt_noop_other_receipt_409(api: Api) -> None:
     assert body["operation"]["receipt"] == "r-1"
 
 
-def test_fencing_late_answers_of_a_superseded_attempt_are_409(
-    api: Api, clock: Clock
-) -> None:
+def test_fencing_late_answers_of_a_superseded_attempt_are_409(api: Api, clock: Clock) -> None:
     api.begin("o", lease_s=10)
     clock.advance(11)
     assert api.begin("o")["decision"] == "reconcile"
@@ -123,8 +122,14 @@ def test_fencing_late_answers_of_a_superseded_attempt_are_409(
 def test_reconcile_records_evidence_and_actor(api: Api) -> None:
     api.begin("o", workflow="wf-crm")
     fail(api, "o", 1, "unknown")
-    status, body = reconcile(api, "o", "committed", token=ADMIN_TOKEN, receipt="crm-1",
-                             evidence={"lookup": "GET /deals?ref=o", "found": 1})
+    status, body = reconcile(
+        api,
+        "o",
+        "committed",
+        token=ADMIN_TOKEN,
+        receipt="crm-1",
+        evidence={"lookup": "GET /deals?ref=o", "found": 1},
+    )
     assert status == 200
     rec = body["operation"]["reconciliation"]
     assert rec["actor"] == "operator" and rec["outcome"] == "committed"
@@ -232,8 +237,12 @@ def test_other_workflow_with_star_token_is_conflict(api: Api) -> None:
 
 
 def test_whoami_per_token(api: Api) -> None:
-    assert api.get("/v1/whoami")[1] == {"name": "n8n", "workflows": ["*"], "admin": False,
-                                        "authenticated": True}
+    assert api.get("/v1/whoami")[1] == {
+        "name": "n8n",
+        "workflows": ["*"],
+        "admin": False,
+        "authenticated": True,
+    }
     assert api.get("/v1/whoami", token=ADMIN_TOKEN)[1]["admin"] is True
     assert api.get("/v1/whoami", token=SCOPED_TOKEN)[1]["workflows"] == ["wf-sheets"]
     status, body = api.get("/v1/whoami", token="wrong-token")
@@ -259,6 +268,8 @@ def test_test_mode_lives_in_its_own_namespace(api: Api) -> None:
 def test_token_value_compared_exactly(api: Api) -> None:
     for bad in (N8N_TOKEN[:-1], N8N_TOKEN + "x", N8N_TOKEN.upper()):
         assert api.get("/v1/whoami", token=bad)[0] == 401
-    status, _ = api.client.get("/v1/whoami", headers={"Authorization": f"Basic {N8N_TOKEN}"}) \
-        .status_code, None
+    status, _ = (
+        api.client.get("/v1/whoami", headers={"Authorization": f"Basic {N8N_TOKEN}"}).status_code,
+        None,
+    )
     assert status == 401

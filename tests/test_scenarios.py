@@ -30,8 +30,15 @@ def test_replay_command_reports_a_mismatch(tmp_path: Path) -> None:
         ' "body": {"payload": 1}, "expect": {"json": {"decision": "replay"}}}]}'
     )
     run = [sys.executable, "-m", "sidecar", "replay", str(bad), *map(str, SCENARIOS)]
-    out = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False,
-                         env={"PATH": os.environ["PATH"]}, cwd=tmp_path)
+    out = subprocess.run(
+        run,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+    )
     assert out.returncode == 1
     assert '$.decision: expected "replay", got "execute"' in out.stdout
     assert out.stdout.count("FAIL") == 1

@@ -38,9 +38,21 @@ class Sidecar:
         env = {"PATH": os.environ["PATH"], **self.env}
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{self.port}",
-                 "--workers", str(self.workers)],
-                cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "sidecar",
+                    "serve",
+                    "--bind",
+                    f"127.0.0.1:{self.port}",
+                    "--workers",
+                    str(self.workers),
+                ],
+                cwd=self.cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -94,8 +106,12 @@ def race(base: str, op_id: str, n: int, payload: Any, headers: dict[str, str]) -
     def one(_: int) -> str:
         with requests.Session() as session:
             barrier.wait()
-            r = session.post(f"{base}/v1/operations/{op_id}/begin", json={"payload": payload},
-                             headers=headers, timeout=30)
+            r = session.post(
+                f"{base}/v1/operations/{op_id}/begin",
+                json={"payload": payload},
+                headers=headers,
+                timeout=30,
+            )
             assert r.status_code == 200, r.text
             return str(r.json()["decision"])
 
@@ -123,26 +139,38 @@ def test_no_configuration_four_workers_one_execute_then_replay_after_restart(
         secret = tmp_path / "loopstop.secret"
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600
         assert (tmp_path / "loopstop.db").exists()
-        r = requests.post(f"{s.base}/v1/operations/welcome-mail-7/commit",
-                          json={"attempt": 1, "receipt": {"message_id": "<m1@x>"}}, timeout=5)
+        r = requests.post(
+            f"{s.base}/v1/operations/welcome-mail-7/commit",
+            json={"attempt": 1, "receipt": {"message_id": "<m1@x>"}},
+            timeout=5,
+        )
         assert r.status_code == 200
     finally:
         s.stop()
     s = Sidecar(tmp_path, {}).start()
     try:
-        r = requests.post(f"{s.base}/v1/operations/welcome-mail-7/begin",
-                          json={"payload": {"n": 1.0, "to": "a@example.com"}}, timeout=5)
+        r = requests.post(
+            f"{s.base}/v1/operations/welcome-mail-7/begin",
+            json={"payload": {"n": 1.0, "to": "a@example.com"}},
+            timeout=5,
+        )
         assert r.json()["decision"] == "replay"
         assert r.json()["operation"]["receipt"] == {"message_id": "<m1@x>"}
     finally:
         s.stop()
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
-            timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args], cwd=cwd, capture_output=True, text=True,
-        env={"PATH": os.environ["PATH"], **(env or {})}, timeout=timeout, check=False,
+        [sys.executable, "-m", "sidecar", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], **(env or {})},
+        timeout=timeout,
+        check=False,
     )
 
 

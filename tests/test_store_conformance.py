@@ -19,8 +19,10 @@ def put(store: Store, key: str, doc: dict | None, ttl_s: float | None = None) ->
 def test_transaction_writes_and_reads_back(store: Store) -> None:
     put(store, "a", {"n": 1, "s": "é", "l": [1, 2.5, None, True]})
     assert store.get("a") == {"n": 1, "s": "é", "l": [1, 2.5, None, True]}
-    assert store.get_many(["a", "missing"]) == {"a": {"n": 1, "s": "é", "l": [1, 2.5, None, True]},
-                                                "missing": None}
+    assert store.get_many(["a", "missing"]) == {
+        "a": {"n": 1, "s": "é", "l": [1, 2.5, None, True]},
+        "missing": None,
+    }
 
 
 def test_delete(store: Store) -> None:

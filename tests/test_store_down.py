@@ -11,17 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from conftest import SECRET, Api, Clock, RedisServer
-
 from sidecar.app import create_app
 from sidecar.store import store_from_url
 
 
 def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> None:
-    server = RedisServer(tmp_path / "redis", "--appendonly", "yes",
-                         "--appendfsync", "always").start()
+    server = RedisServer(
+        tmp_path / "redis", "--appendonly", "yes", "--appendfsync", "always"
+    ).start()
     try:
-        app = create_app({"store": server.url}, environ={"LOOPSTOP_SECRET": SECRET},
-                         clock=Clock())
+        app = create_app({"store": server.url}, environ={"LOOPSTOP_SECRET": SECRET}, clock=Clock())
         results: list[tuple[str, int, Any]] = []
         lock = threading.Lock()
         stop = threading.Event()
@@ -75,9 +74,12 @@ def test_redis_down_readyz_and_reads_are_503(tmp_path: Path) -> None:
     api = Api(app.test_client(), token=None)
     api.begin("o")
     server.stop()
-    for status, body in (api.get("/readyz"), api.get("/v1/operations/o"),
-                         api.post("/v1/operations/o/commit", {"attempt": 1, "receipt": 1}),
-                         api.get("/v1/operations")):
+    for status, body in (
+        api.get("/readyz"),
+        api.get("/v1/operations/o"),
+        api.post("/v1/operations/o/commit", {"attempt": 1, "receipt": 1}),
+        api.get("/v1/operations"),
+    ):
         assert status == 503 and body["type"].endswith("store-unavailable")
     assert api.get("/healthz")[0] == 200  # liveness does not depend on the store
 
@@ -98,8 +100,9 @@ def test_sqlite_locked_past_busy_timeout_is_503_not_a_hang(tmp_path: Path) -> No
     app = create_app({"store": url}, environ={"LOOPSTOP_SECRET": SECRET})
     api = Api(app.test_client(), token=None)
     api.begin("before")
-    with subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db), "3"],
-                          stdout=subprocess.PIPE, text=True) as holder:
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(db), "3"], stdout=subprocess.PIPE, text=True
+    ) as holder:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         started = time.monotonic()
         status, body = api.post("/v1/operations/during/begin", {"payload": 1})

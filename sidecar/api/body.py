@@ -60,9 +60,7 @@ def read_json_object() -> dict[str, Any]:
     try:
         raw = request.get_data(cache=True)
     except RequestEntityTooLarge as exc:
-        raise PayloadTooLarge(
-            f"the body exceeds {request.max_content_length} bytes"
-        ) from exc
+        raise PayloadTooLarge(f"the body exceeds {request.max_content_length} bytes") from exc
     if not raw.strip():
         return {}
     if not _is_json_type(request.mimetype):

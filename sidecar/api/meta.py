@@ -13,14 +13,30 @@ public = Blueprint("meta", __name__)
 v1 = Blueprint("whoami", __name__, url_prefix="/v1")
 
 
-@route(public, "/healthz", "GET", summary="Liveness: the process answers.", tag="meta",
-       response=Health, errors=(), auth=False)
+@route(
+    public,
+    "/healthz",
+    "GET",
+    summary="Liveness: the process answers.",
+    tag="meta",
+    response=Health,
+    errors=(),
+    auth=False,
+)
 def healthz() -> Response:
     return jsonify(Health(status="ok").model_dump())
 
 
-@route(public, "/readyz", "GET", summary="Readiness: the store answers (503 when not).",
-       tag="meta", response=Ready, errors=(503,), auth=False)
+@route(
+    public,
+    "/readyz",
+    "GET",
+    summary="Readiness: the store answers (503 when not).",
+    tag="meta",
+    response=Ready,
+    errors=(503,),
+    auth=False,
+)
 def readyz() -> Response:
     facts = runtime().store.ping()
     return jsonify(Ready(status="ready", store=facts).model_dump())
@@ -31,8 +47,15 @@ def openapi_json() -> Response:
     return jsonify(openapi.document())
 
 
-@route(v1, "/whoami", "GET", summary="The token's name and scope (n8n credential test).",
-       tag="meta", response=WhoAmI, errors=(401, 403))
+@route(
+    v1,
+    "/whoami",
+    "GET",
+    summary="The token's name and scope (n8n credential test).",
+    tag="meta",
+    response=WhoAmI,
+    errors=(401, 403),
+)
 def whoami() -> Response:
     p = g.principal
     view = WhoAmI(

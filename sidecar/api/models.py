@@ -107,9 +107,7 @@ def rfc3339(ts: float | None) -> str | None:
     """Epoch seconds -> RFC 3339 UTC with milliseconds (``2026-11-30T12:00:00.000Z``)."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
-    )
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class OperationView(BaseModel):

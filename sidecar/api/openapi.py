@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from flask import Blueprint
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 import sidecar
 from sidecar.api.models import Problem
@@ -64,8 +64,20 @@ def route(
     """
     prefix = bp.url_prefix or ""
     path = re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", prefix + rule)
-    REGISTRY.append(RouteDoc(path, method.lower(), summary, tag, body, query, response,
-                             errors, auth, path_params=path_params or {}))
+    REGISTRY.append(
+        RouteDoc(
+            path,
+            method.lower(),
+            summary,
+            tag,
+            body,
+            query,
+            response,
+            errors,
+            auth,
+            path_params=path_params or {},
+        )
+    )
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         bp.add_url_rule(rule, view_func=view, methods=[method])
@@ -76,7 +88,7 @@ def route(
 
 def document() -> dict[str, Any]:
     """Build the OpenAPI 3.1 document from :data:`REGISTRY`."""
-    models: dict[tuple[type[BaseModel], str], None] = {}
+    models: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {}
     for r in REGISTRY:
         if r.body is not None:
             models[(r.body, "validation")] = None
@@ -84,12 +96,16 @@ def document() -> dict[str, Any]:
             models[(r.response, "serialization")] = None
     models[(Problem, "serialization")] = None
     refs, schema = models_json_schema(
-        list(models), ref_template="#/components/schemas/{model}"  # type: ignore[arg-type]
+        list(models),
+        ref_template="#/components/schemas/{model}",
     )
     paths: dict[str, dict[str, Any]] = {}
     for r in REGISTRY:
-        op: dict[str, Any] = {"summary": r.summary, "tags": [r.tag],
-                              "operationId": f"{r.method}_{r.path}".replace("/", "_")}
+        op: dict[str, Any] = {
+            "summary": r.summary,
+            "tags": [r.tag],
+            "operationId": f"{r.method}_{r.path}".replace("/", "_"),
+        }
         params: list[dict[str, Any]] = [
             {"name": n, "in": "path", "required": True, "schema": {"type": "string", "pattern": p}}
             for n, p in r.path_params.items()
@@ -97,29 +113,45 @@ def document() -> dict[str, Any]:
         if r.query is not None:
             qschema = r.query.model_json_schema()
             for name, prop in qschema.get("properties", {}).items():
-                params.append({"name": name, "in": "query",
-                               "required": name in qschema.get("required", []),
-                               "schema": prop})
+                params.append(
+                    {
+                        "name": name,
+                        "in": "query",
+                        "required": name in qschema.get("required", []),
+                        "schema": prop,
+                    }
+                )
         if params:
             op["parameters"] = params
         if r.body is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": refs[(r.body, "validation")]}}}
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": refs[(r.body, "validation")]}},
+            }
         responses: dict[str, Any] = {}
         if r.response is not None:
-            responses[str(r.status)] = {"description": "OK", "content": {"application/json": {
-                "schema": refs[(r.response, "serialization")]}}}
+            responses[str(r.status)] = {
+                "description": "OK",
+                "content": {"application/json": {"schema": refs[(r.response, "serialization")]}},
+            }
         for code in r.errors:
-            responses[str(code)] = {"description": "problem details (RFC 9457)", "content": {
-                "application/problem+json": {"schema": refs[(Problem, "serialization")]}}}
+            responses[str(code)] = {
+                "description": "problem details (RFC 9457)",
+                "content": {
+                    "application/problem+json": {"schema": refs[(Problem, "serialization")]}
+                },
+            }
         op["responses"] = responses
         if r.auth:
             op["security"] = [{"bearer": []}]
         paths.setdefault(r.path, {})[r.method] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "loopstop", "version": sidecar.__version__,
-                 "description": "A sidecar for n8n that makes automation loops stop."},
+        "info": {
+            "title": "loopstop",
+            "version": sidecar.__version__,
+            "description": "A sidecar for n8n that makes automation loops stop.",
+        },
         "paths": paths,
         "components": {
             "schemas": schema.get("$defs", {}),

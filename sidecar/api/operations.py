@@ -43,10 +43,17 @@ def _answer(op: Operation, ns: str) -> Response:
     return jsonify(OperationResponse(operation=OperationView.of(op, ns)).model_dump(mode="json"))
 
 
-@route(bp, "/<operation_id>/begin", "POST", tag="operations", body=BeginBody,
-       response=BeginResponse, path_params=_PATH,
-       summary="Reserve an operation before the write: execute, replay, in_progress, "
-               "reconcile, conflict, stopped or exhausted.")
+@route(
+    bp,
+    "/<operation_id>/begin",
+    "POST",
+    tag="operations",
+    body=BeginBody,
+    response=BeginResponse,
+    path_params=_PATH,
+    summary="Reserve an operation before the write: execute, replay, in_progress, "
+    "reconcile, conflict, stopped or exhausted.",
+)
 def begin(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     body = parse_body(BeginBody)
@@ -58,15 +65,28 @@ def begin(operation_id: str) -> Response:
     inp = BeginInput(fingerprints, body.workflow, body.task_id, body.chain_id, body.lease_s)
     outcome = runtime().operations.begin(g.principal, ns, operation_id, inp)
     op = outcome.operation
-    log_decision("operations.begin", outcome.decision, outcome.reason,
-                 operation_id=operation_id, workflow=op.workflow if op else body.workflow,
-                 attempt=op.attempt if op else None, execution_mode=body.execution_mode)
+    log_decision(
+        "operations.begin",
+        outcome.decision,
+        outcome.reason,
+        operation_id=operation_id,
+        workflow=op.workflow if op else body.workflow,
+        attempt=op.attempt if op else None,
+        execution_mode=body.execution_mode,
+    )
     return jsonify(BeginResponse.of(outcome, ns).model_dump(mode="json"))
 
 
-@route(bp, "/<operation_id>/commit", "POST", tag="operations", body=CommitBody,
-       response=OperationResponse, path_params=_PATH,
-       summary="The attempt's write happened: record its receipt.")
+@route(
+    bp,
+    "/<operation_id>/commit",
+    "POST",
+    tag="operations",
+    body=CommitBody,
+    response=OperationResponse,
+    path_params=_PATH,
+    summary="The attempt's write happened: record its receipt.",
+)
 def commit(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     body = parse_body(CommitBody)
@@ -74,14 +94,28 @@ def commit(operation_id: str) -> Response:
     op = runtime().operations.commit(
         g.principal, ns, operation_id, body.attempt, body.receipt, body.result
     )
-    log_decision("operations.commit", op.state, None, operation_id=operation_id,
-                 workflow=op.workflow, attempt=op.attempt, execution_mode=body.execution_mode)
+    log_decision(
+        "operations.commit",
+        op.state,
+        None,
+        operation_id=operation_id,
+        workflow=op.workflow,
+        attempt=op.attempt,
+        execution_mode=body.execution_mode,
+    )
     return _answer(op, ns)
 
 
-@route(bp, "/<operation_id>/fail", "POST", tag="operations", body=FailBody,
-       response=OperationResponse, path_params=_PATH,
-       summary="The attempt failed: not_committed (rejected) or unknown (timeout).")
+@route(
+    bp,
+    "/<operation_id>/fail",
+    "POST",
+    tag="operations",
+    body=FailBody,
+    response=OperationResponse,
+    path_params=_PATH,
+    summary="The attempt failed: not_committed (rejected) or unknown (timeout).",
+)
 def fail(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     body = parse_body(FailBody)
@@ -89,14 +123,28 @@ def fail(operation_id: str) -> Response:
     op = runtime().operations.fail(
         g.principal, ns, operation_id, body.attempt, body.outcome, body.detail
     )
-    log_decision("operations.fail", op.state, body.outcome, operation_id=operation_id,
-                 workflow=op.workflow, attempt=op.attempt, execution_mode=body.execution_mode)
+    log_decision(
+        "operations.fail",
+        op.state,
+        body.outcome,
+        operation_id=operation_id,
+        workflow=op.workflow,
+        attempt=op.attempt,
+        execution_mode=body.execution_mode,
+    )
     return _answer(op, ns)
 
 
-@route(bp, "/<operation_id>/reconcile", "POST", tag="operations", body=ReconcileBody,
-       response=OperationResponse, path_params=_PATH,
-       summary="Settle an operation whose outcome was unknown, with evidence.")
+@route(
+    bp,
+    "/<operation_id>/reconcile",
+    "POST",
+    tag="operations",
+    body=ReconcileBody,
+    response=OperationResponse,
+    path_params=_PATH,
+    summary="Settle an operation whose outcome was unknown, with evidence.",
+)
 def reconcile(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     body = parse_body(ReconcileBody)
@@ -106,14 +154,29 @@ def reconcile(operation_id: str) -> Response:
     op = runtime().operations.reconcile(
         g.principal, ns, operation_id, body.outcome, body.receipt, body.evidence
     )
-    log_decision("operations.reconcile", op.state, body.outcome, operation_id=operation_id,
-                 workflow=op.workflow, attempt=op.attempt, execution_mode=body.execution_mode)
+    log_decision(
+        "operations.reconcile",
+        op.state,
+        body.outcome,
+        operation_id=operation_id,
+        workflow=op.workflow,
+        attempt=op.attempt,
+        execution_mode=body.execution_mode,
+    )
     return _answer(op, ns)
 
 
-@route(bp, "/<operation_id>", "GET", tag="operations", query=ModeQuery,
-       response=OperationResponse, path_params=_PATH, errors=(401, 403, 404, 422, 503),
-       summary="The record: state, attempt, receipt, timestamps (never the payload).")
+@route(
+    bp,
+    "/<operation_id>",
+    "GET",
+    tag="operations",
+    query=ModeQuery,
+    response=OperationResponse,
+    path_params=_PATH,
+    errors=(401, 403, 404, 422, 503),
+    summary="The record: state, attempt, receipt, timestamps (never the payload).",
+)
 def get(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     q = parse_query(ModeQuery)
@@ -121,15 +184,23 @@ def get(operation_id: str) -> Response:
     return _answer(runtime().operations.get(g.principal, ns, operation_id), ns)
 
 
-@route(bp, "", "GET", tag="operations", query=OperationListQuery, response=OperationPage,
-       errors=(401, 403, 422, 503),
-       summary="The reconciliation queue (state=unknown) or the in-flight writes, paginated.")
+@route(
+    bp,
+    "",
+    "GET",
+    tag="operations",
+    query=OperationListQuery,
+    response=OperationPage,
+    errors=(401, 403, 422, 503),
+    summary="The reconciliation queue (state=unknown) or the in-flight writes, paginated.",
+)
 def list_operations() -> Response:
     q = parse_query(OperationListQuery)
     ns = g.ns = keys.namespace(q.execution_mode)
     page = runtime().operations.list_open(
         g.principal, ns, OperationState(q.state), q.workflow, q.cursor, q.limit
     )
-    view = OperationPage(items=[OperationView.of(op, ns) for op in page.items],
-                         next_cursor=page.next_cursor)
+    view = OperationPage(
+        items=[OperationView.of(op, ns) for op in page.items], next_cursor=page.next_cursor
+    )
     return jsonify(view.model_dump(mode="json"))

@@ -14,14 +14,24 @@ log = logging.getLogger("loopstop")
 
 PROBLEM_JSON = "application/problem+json"
 
-_SLUGS = {400: "malformed-request", 404: "not-found", 405: "method-not-allowed",
-          413: "payload-too-large", 415: "unsupported-media-type"}
+_SLUGS = {
+    400: "malformed-request",
+    404: "not-found",
+    405: "method-not-allowed",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+}
 
 
 def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> Response:
     """A problem+json response (RFC 9457 §3)."""
-    body = {"type": PROBLEM_TYPE_PREFIX + slug, "title": title, "status": status,
-            "detail": detail, **extra}
+    body = {
+        "type": PROBLEM_TYPE_PREFIX + slug,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
     resp = jsonify(body)
     resp.status_code = status
     resp.mimetype = PROBLEM_JSON
@@ -63,5 +73,9 @@ def register(app: Flask, render_extra: Any) -> None:
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:
         log.exception("unhandled error")
-        return problem(500, "internal-error", "Internal error",
-                       "the server failed to handle the request; see the server log")
+        return problem(
+            500,
+            "internal-error",
+            "Internal error",
+            "the server failed to handle the request; see the server log",
+        )

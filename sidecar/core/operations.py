@@ -18,10 +18,10 @@ where ``new_record`` is None when nothing changes. No I/O, no clock.
 States::
 
     (none) --begin--> in_progress --commit--> committed
-                        |   \\--fail not_committed--> not_committed --begin--> in_progress (attempt+1)
-                        |    \\--fail unknown--> unknown
-                        \\--lease expires (seen by begin or a read)--> unknown
-    unknown --reconcile committed--> committed ; --reconcile not_committed--> not_committed
+    in_progress --fail not_committed--> not_committed --begin--> in_progress (attempt + 1)
+    in_progress --fail unknown, or lease expiry (seen by begin or a read)--> unknown
+    unknown --reconcile committed--> committed
+    unknown --reconcile not_committed--> not_committed
 """
 
 from __future__ import annotations
@@ -391,9 +391,7 @@ def reconcile(
             target is OperationState.NOT_COMMITTED or _same_json(seen.receipt, receipt)
         ):
             return None, seen
-        raise StateConflict(
-            f"operation {operation_id!r} is already {seen.state}", operation=seen
-        )
+        raise StateConflict(f"operation {operation_id!r} is already {seen.state}", operation=seen)
     new = replace(
         seen,
         state=target,

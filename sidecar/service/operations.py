@@ -140,8 +140,13 @@ class OperationService:
         return self.store.transact(declared, decide)
 
     def commit(
-        self, principal: Principal, ns: str, operation_id: str, attempt: int,
-        receipt: Any, result: Any,
+        self,
+        principal: Principal,
+        ns: str,
+        operation_id: str,
+        attempt: int,
+        receipt: Any,
+        result: Any,
     ) -> Operation:
         """Record the write of ``attempt`` as committed with ``receipt``.
 
@@ -159,8 +164,13 @@ class OperationService:
         return self.store.transact([key], decide)
 
     def fail(
-        self, principal: Principal, ns: str, operation_id: str, attempt: int,
-        outcome: FailOutcome, detail: str | None,
+        self,
+        principal: Principal,
+        ns: str,
+        operation_id: str,
+        attempt: int,
+        outcome: FailOutcome,
+        detail: str | None,
     ) -> Operation:
         """Record that ``attempt`` failed, with what is known of the outcome.
 
@@ -178,8 +188,13 @@ class OperationService:
         return self.store.transact([key], decide)
 
     def reconcile(
-        self, principal: Principal, ns: str, operation_id: str, outcome: ReconcileOutcome,
-        receipt: Any, evidence: Any,
+        self,
+        principal: Principal,
+        ns: str,
+        operation_id: str,
+        outcome: ReconcileOutcome,
+        receipt: Any,
+        evidence: Any,
     ) -> Operation:
         """Settle an operation whose outcome was unknown; records evidence and actor.
 
@@ -232,8 +247,12 @@ class OperationService:
         if workflow is None and principal.workflows is not None:
             if len(principal.workflows) != 1:
                 raise ValidationFailed(
-                    [{"loc": ["query", "workflow"],
-                      "msg": "required for a token scoped to several workflows"}]
+                    [
+                        {
+                            "loc": ["query", "workflow"],
+                            "msg": "required for a token scoped to several workflows",
+                        }
+                    ]
                 )
             (workflow,) = principal.workflows
         if workflow is not None:
@@ -253,8 +272,8 @@ class OperationService:
             seen = core.observe(op, now)
             if seen.state is state and principal.allows(seen.workflow):
                 items.append(seen)
-        next_cursor = encode_cursor(entries[-1][1], entries[-1][0]) if len(entries) == limit else None
-        return Page(items, next_cursor)
+        full = len(entries) == limit
+        return Page(items, encode_cursor(entries[-1][1], entries[-1][0]) if full else None)
 
     @staticmethod
     def _scoped(principal: Principal, doc: dict[str, Any] | None, operation_id: str) -> Operation:
@@ -282,4 +301,5 @@ def decode_cursor(cursor: str | None) -> tuple[float, str] | None:
             raise ValueError
         return float(score), member
     except (ValueError, TypeError, binascii.Error):
-        raise ValidationFailed([{"loc": ["query", "cursor"], "msg": "not a valid cursor"}]) from None
+        error = {"loc": ["query", "cursor"], "msg": "not a valid cursor"}
+        raise ValidationFailed([error]) from None

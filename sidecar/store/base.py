@@ -174,8 +174,13 @@ class Store(abc.ABC):
             return current
         if found > current:
             raise SchemaMismatch(
-                [("store", f"schema version {found} is newer than this server's {current}; "
-                  "upgrade loopstop instead of running an older one")]
+                [
+                    (
+                        "store",
+                        f"schema version {found} is newer than this server's {current}; "
+                        "upgrade loopstop instead of running an older one",
+                    )
+                ]
             )
         version = found
         while version < current:

@@ -31,7 +31,7 @@ import random
 import time
 from collections.abc import Iterable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlparse
 
 import redis
@@ -63,7 +63,7 @@ class RedisStore(Store):
         connect_timeout = float(query.pop("connect_timeout_s", ["1"])[0])
         base = url.split("?", 1)[0]
         self.url_redacted = _redact(base)
-        self.client = redis.Redis.from_url(
+        self.client: redis.Redis = redis.Redis.from_url(
             base,
             decode_responses=True,
             socket_timeout=socket_timeout,
@@ -82,27 +82,12 @@ class RedisStore(Store):
         declared = list(dict.fromkeys(keys))
         try:
             for attempt in range(self.max_retries):
-                raw: dict[str, str | None] = {}
-                docs: dict[str, Doc | None] = {}
-                lazy = False
-
-                def load(more: list[str]) -> None:
-                    nonlocal lazy
-                    fresh = [k for k in more if k not in raw]
-                    if not fresh:
-                        return
-                    lazy = lazy or bool(raw)
-                    values = self.client.mget([self._k(k) for k in fresh])
-                    for k, v in zip(fresh, values, strict=True):
-                        raw[k] = v
-                        docs[k] = None if v is None else json.loads(v)
-
-                if declared:
-                    load(declared)
-                plan = fn(Snapshot(docs, load))
-                if not plan.writes and not plan.index and not lazy:
-                    return plan.result
-                if self._compare_and_set(raw, plan):
+                reads = _Reads(self)
+                reads.load(declared)
+                plan = fn(Snapshot(reads.docs, reads.load))
+                if not plan.writes and not plan.index and reads.round_trips <= 1:
+                    return plan.result  # one MGET is a consistent snapshot
+                if self._compare_and_set(reads.raw, plan):
                     return plan.result
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
         except redis.RedisError as exc:
@@ -146,7 +131,8 @@ class RedisStore(Store):
             values = self.client.mget([self._k(k) for k in unique])
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
-        return {k: None if v is None else json.loads(v) for k, v in zip(unique, values, strict=True)}
+        pairs = zip(unique, values, strict=True)
+        return {k: None if v is None else json.loads(v) for k, v in pairs}
 
     def index_page(
         self,
@@ -166,9 +152,17 @@ class RedisStore(Store):
         batch = max(limit, 50)
         try:
             while len(out) < limit:
-                rows = self.client.zrange(
-                    self._k(index), lo, hi, byscore=True, offset=offset, num=batch,
-                    withscores=True,
+                rows = cast(
+                    list[tuple[str, float]],
+                    self.client.zrange(
+                        self._k(index),
+                        lo,
+                        hi,
+                        byscore=True,
+                        offset=offset,
+                        num=batch,
+                        withscores=True,
+                    ),
                 )
                 for member, score in rows:
                     if after is not None and (score, member) <= (after[0], after[1]):
@@ -226,6 +220,26 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self.client.close()
+
+
+class _Reads:
+    """The raw values one transaction attempt read, and the round trips it took."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.raw: dict[str, str | None] = {}
+        self.docs: dict[str, Doc | None] = {}
+        self.round_trips = 0
+
+    def load(self, keys: list[str]) -> None:
+        fresh = [k for k in keys if k not in self.raw]
+        if not fresh:
+            return
+        self.round_trips += 1
+        values = cast(list[str | None], self.store.client.mget([self.store._k(k) for k in fresh]))
+        for k, v in zip(fresh, values, strict=True):
+            self.raw[k] = v
+            self.docs[k] = None if v is None else json.loads(v)
 
 
 def _redact(url: str) -> str:

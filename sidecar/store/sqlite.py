@@ -94,7 +94,9 @@ class SQLiteStore(Store):
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None or self._local.pid != os.getpid():
             conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout_s, isolation_level=None,
+                self.path,
+                timeout=self.busy_timeout_s,
+                isolation_level=None,
                 check_same_thread=True,
             )
             conn.execute("PRAGMA synchronous=FULL")
@@ -169,9 +171,11 @@ class SQLiteStore(Store):
 
     def _read_schema_version(self) -> int | None:
         with self._errors():
-            row = self._conn().execute(
-                "SELECT value FROM meta WHERE key = 'schema_version'"
-            ).fetchone()
+            row = (
+                self._conn()
+                .execute("SELECT value FROM meta WHERE key = 'schema_version'")
+                .fetchone()
+            )
         return None if row is None else int(row[0])
 
     def _write_schema_version(self, version: int) -> None:
