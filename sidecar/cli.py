@@ -65,11 +65,16 @@ def check_binds(settings: Settings, binds: list[str]) -> None:
 @click.version_option(__version__, prog_name="loopstop")
 def main() -> None:
     """loopstop: a sidecar for n8n that makes automation loops stop."""
+    level = os.environ.get("LOOPSTOP_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(
-        level=os.environ.get("LOOPSTOP_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+        level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
     )
+    # Decision lines are JSON documents on their own (one per line, for log shippers).
+    decisions = logging.getLogger("loopstop.decisions")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    decisions.addHandler(handler)
+    decisions.propagate = False
 
 
 @main.command("check-config")

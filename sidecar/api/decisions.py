@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import g, request
@@ -21,6 +22,7 @@ def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
     principal = getattr(g, "principal", None)
     started = getattr(g, "started", None)
     line = {
+        "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "event": "decision",
         "request_id": getattr(g, "request_id", None),
         "route": route,
