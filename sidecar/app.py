@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
-from sidecar.api import meta, operations, problems
+from sidecar.api import chains, meta, operations, problems
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable
 from sidecar.canonical import build_fingerprinter
@@ -25,6 +25,7 @@ from sidecar.config import Settings, load_settings
 from sidecar.core.operations import Operation, OperationPolicy
 from sidecar.errors import ConfigError
 from sidecar.runtime import Runtime
+from sidecar.service.gate import GateService
 from sidecar.service.operations import OperationService
 from sidecar.store import Store, sqlite_path, store_from_url
 
@@ -88,6 +89,7 @@ def create_app(
             settings.operations.lease_s,
             clock,
         ),
+        gate=GateService(store, fingerprinter, settings.chains, clock),
     )
 
     @app.before_request
@@ -112,6 +114,7 @@ def create_app(
     app.register_blueprint(meta.public)
     app.register_blueprint(meta.v1)
     app.register_blueprint(operations.bp)
+    app.register_blueprint(chains.bp)
     problems.register(app, _render_extra)
 
     if tokens.open and announce:

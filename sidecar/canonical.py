@@ -140,17 +140,21 @@ class Fingerprinter:
             sid: hmac.new(s.key, data, hashlib.sha256).hexdigest() for sid, s in self._by_id.items()
         }
 
-    def sign(self, message: str) -> str:
-        """HMAC-SHA256 of a short ASCII message under the current secret, hex."""
-        return hmac.new(self.current.key, message.encode(), hashlib.sha256).hexdigest()
+    def mac(self, message: str, secret_id: str | None = None) -> str:
+        """HMAC-SHA256 of a text message, hex, under the current (or a named) secret.
 
-    def verify(self, message: str, signature: str) -> bool:
-        """Check ``signature`` against every known secret, in constant time each."""
-        ok = False
-        for s in self._by_id.values():
-            expected = hmac.new(s.key, message.encode(), hashlib.sha256).hexdigest()
-            ok |= hmac.compare_digest(expected, signature)
-        return ok
+        :raises KeyError: when ``secret_id`` names no known secret.
+        """
+        secret = self.current if secret_id is None else self._by_id[secret_id]
+        return hmac.new(secret.key, message.encode(), hashlib.sha256).hexdigest()
+
+    def key_hash(self, kind: str, value: str) -> str:
+        """A short keyed hash of an identity (an event key, an address) for store keys.
+
+        Store keys never hold raw identities. Made with the current secret:
+        after a rotation, lookups by identity start afresh.
+        """
+        return self.mac(f"{kind}:{value}")[:32]
 
 
 def secret_from_text(text: str) -> Secret:

@@ -14,6 +14,7 @@ from flask import current_app
 from sidecar.auth import TokenTable
 from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
+from sidecar.service.gate import GateService
 from sidecar.service.operations import OperationService
 from sidecar.store import Store
 
@@ -28,6 +29,7 @@ class Runtime:
     tokens: TokenTable
     clock: Callable[[], float]
     operations: OperationService
+    gate: GateService
 
 
 def runtime() -> Runtime:

@@ -32,6 +32,10 @@ from sidecar.errors import (
 
 M = TypeVar("M", bound=BaseModel)
 
+#: How deep a request body may nest (objects and arrays). Real n8n items stay
+#: far below; the bound keeps every later walk over the body cheap and safe.
+MAX_NESTING = 64
+
 
 class _NonFinite(float):
     """Marks a NaN/Infinity literal so its location can be reported."""
@@ -84,9 +88,28 @@ def read_json_object() -> dict[str, Any]:
         raise ValidationFailed(
             [{"loc": ["body", *bad], "msg": "NaN and Infinity are not JSON values"}]
         )
+    too_deep = _too_deep(data, MAX_NESTING)
+    if too_deep is not None:
+        raise ValidationFailed(
+            [{"loc": ["body", *too_deep], "msg": f"nested deeper than {MAX_NESTING} levels"}]
+        )
     if not isinstance(data, dict):
         raise ValidationFailed([{"loc": ["body"], "msg": "the body must be a JSON object"}])
     return data
+
+
+def _too_deep(value: Any, limit: int) -> list[str | int] | None:
+    """The path at which ``value`` nests deeper than ``limit``, or None (iterative)."""
+    stack: list[tuple[Any, list[str | int]]] = [(value, [])]
+    while stack:
+        node, path = stack.pop()
+        if len(path) > limit:
+            return path[:limit + 1]
+        if isinstance(node, dict):
+            stack.extend((v, [*path, k]) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, [*path, i]) for i, v in enumerate(node))
+    return None
 
 
 def _errors(exc: ValidationError, where: str) -> list[dict[str, Any]]:

@@ -13,7 +13,15 @@ pattern                         what
 ``<ns>:stop:chain:<chain_id>``  a sticky stop of a chain (JSON)
 ``<ns>:ix:ops-open``            index: open operations, score = lease end
 ``<ns>:ix:ops-open:wf:<wf>``    the same index for one workflow
+``<ns>:chain:<chain_id>``       a chain of activations (JSON), TTL = its life
+``<ns>:effect:<h(target)>``     an effect, one copy per target key (JSON)
+``<ns>:seen:<wf>:<h(event)>``   last content seen of an event (dedupe window)
+``<ns>:rate:subj:<wf>:<h(s)>``  proceeded activations of a subject (rate window)
+``<ns>:rate:wf:<wf>``           sliding-window counter of a workflow
 ==============================  ==============================================
+
+``h(...)`` is a keyed hash (:meth:`Fingerprinter.key_hash`): identities
+such as Message-IDs and addresses never appear in keys.
 """
 
 from __future__ import annotations
@@ -44,3 +52,23 @@ def open_operations(ns: str, workflow: str | None = None) -> str:
     """The index of open operations, for all workflows or one."""
     base = f"{ns}:ix:ops-open"
     return base if workflow is None else f"{base}:wf:{workflow}"
+
+
+def chain(ns: str, chain_id: str) -> str:
+    return f"{ns}:chain:{chain_id}"
+
+
+def effect(ns: str, target_hash: str) -> str:
+    return f"{ns}:effect:{target_hash}"
+
+
+def seen(ns: str, workflow: str, event_hash: str) -> str:
+    return f"{ns}:seen:{workflow}:{event_hash}"
+
+
+def subject_rate(ns: str, workflow: str, subject_hash: str) -> str:
+    return f"{ns}:rate:subj:{workflow}:{subject_hash}"
+
+
+def workflow_rate(ns: str, workflow: str) -> str:
+    return f"{ns}:rate:wf:{workflow}"

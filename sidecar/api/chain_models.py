@@ -1,0 +1,169 @@
+"""Request and response models of activations, effects, chains and stops (DESIGN §2)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, JsonValue, field_validator, model_validator
+
+from sidecar.api.models import Name, RequestBody, rfc3339
+from sidecar.core.gate import ActivationDecision, ActivationReason, Chain, Stop
+from sidecar.markers import CHAIN_ID_PATTERN
+
+Key = Annotated[str, Field(min_length=1, max_length=1000)]
+ChainId = Annotated[str, Field(pattern=CHAIN_ID_PATTERN)]
+MAX_RELATED_KEYS = 100
+MAX_TARGET_KEYS = 20
+
+
+class ActivationBody(RequestBody):
+    """``POST /v1/activations``: right after a trigger fires."""
+
+    workflow: Name
+    trigger: Name | None = None
+    event_key: Key | None = Field(
+        default=None,
+        description="Stable identity of the record that fired (a row key, a Message-ID, an id).",
+    )
+    related_keys: list[Key] = Field(
+        default=[],
+        max_length=MAX_RELATED_KEYS,
+        description="Identities the event points back to (In-Reply-To, References, a parent).",
+    )
+    subject_key: Key | None = Field(
+        default=None, description="What the rate limit counts (default: event_key)."
+    )
+    content: dict[str, JsonValue] | None = Field(
+        default=None, description="The fields that matter (default: from event)."
+    )
+    event: dict[str, JsonValue] | None = Field(
+        default=None, description="The trigger's item as n8n emits it."
+    )
+    marker: Annotated[str, Field(max_length=512)] | None = None
+
+    @field_validator("related_keys", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        """Gmail's parsed ``references`` is a string for one id, an array for several."""
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else value
+
+
+class ActivationCounts(BaseModel):
+    chain_activations: int
+    subject_activations_in_window: int
+
+
+class ActivationResponse(BaseModel):
+    """Route on ``decision`` (``proceed`` / ``drop``); embed ``marker`` in what you write."""
+
+    decision: ActivationDecision
+    reason: ActivationReason
+    chain_id: str | None
+    depth: int | None
+    activation_id: str
+    marker: str | None
+    counts: ActivationCounts
+    invalid_markers: int
+
+
+class EffectBody(RequestBody):
+    """``POST /v1/effects``: what this execution is about to write (or just wrote)."""
+
+    chain_id: ChainId | None = None
+    workflow: Name | None = None
+    target_keys: list[Key] | None = Field(default=None, min_length=1, max_length=MAX_TARGET_KEYS)
+    target_key: Key | None = None
+    content: dict[str, JsonValue] = Field(
+        description="The record as written (the update node's output), field by field."
+    )
+    ttl_s: Annotated[float, Field(gt=0, le=30 * 86_400)] | None = None
+    strict: bool = False
+
+    @model_validator(mode="after")
+    def _targets(self) -> EffectBody:
+        if not self.target_keys and not self.target_key:
+            raise ValueError("give target_keys (or one target_key)")
+        return self
+
+    def targets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*(self.target_keys or []), *filter(None, [self.target_key])]))
+
+
+class EffectResponse(BaseModel):
+    effect_id: str
+    chain_id: str
+    workflow: str
+    depth: int
+    target_count: int
+    expires_at: str
+
+
+class StopBody(RequestBody):
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
+class ResumeBody(RequestBody):
+    reason: Annotated[str, Field(max_length=500)] | None = None
+
+
+class StopView(BaseModel):
+    at: str
+    reason: str
+    actor: str
+
+    @classmethod
+    def of(cls, stop: Stop | None) -> StopView | None:
+        if stop is None:
+            return None
+        return cls(at=rfc3339(stop.at) or "", reason=stop.reason, actor=stop.actor)
+
+
+class ActivationEntry(BaseModel):
+    activation_id: str
+    at: str
+    decision: str
+    reason: str
+    depth: int | None
+
+
+class ChainView(BaseModel):
+    chain_id: str
+    workflow: str
+    depth: int
+    activations: int
+    drops: int
+    effects: int
+    created_at: str
+    updated_at: str
+    expires_at: str
+    alive: bool
+    stopped: StopView | None
+    recent: list[ActivationEntry]
+
+    @classmethod
+    def of(cls, chain: Chain, stop: Stop | None, now: float) -> ChainView:
+        return cls(
+            chain_id=chain.chain_id,
+            workflow=chain.workflow,
+            depth=chain.depth,
+            activations=chain.activations,
+            drops=chain.drops,
+            effects=chain.effects,
+            created_at=rfc3339(chain.created_at) or "",
+            updated_at=rfc3339(chain.updated_at) or "",
+            expires_at=rfc3339(chain.expires_at) or "",
+            alive=chain.alive(now),
+            stopped=StopView.of(stop),
+            recent=[ActivationEntry(**{**e, "at": rfc3339(e["at"])}) for e in chain.recent],
+        )
+
+
+class ChainResponse(BaseModel):
+    chain: ChainView
+
+
+class WorkflowResponse(BaseModel):
+    workflow: str
+    stopped: StopView | None

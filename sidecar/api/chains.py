@@ -1,0 +1,183 @@
+"""``/v1/activations``, ``/v1/effects``, ``/v1/chains`` and ``/v1/workflows``:
+breaking self-triggering chains (DESIGN §2)."""
+
+from __future__ import annotations
+
+import re
+
+from flask import Blueprint, Response, g, jsonify
+
+from sidecar.api.body import check_path, parse_body, parse_query
+from sidecar.api.chain_models import (
+    ActivationBody,
+    ActivationCounts,
+    ActivationResponse,
+    ChainResponse,
+    ChainView,
+    EffectBody,
+    EffectResponse,
+    ResumeBody,
+    StopBody,
+    StopView,
+    WorkflowResponse,
+)
+from sidecar.api.decisions import log_decision
+from sidecar.api.models import ModeQuery, rfc3339
+from sidecar.api.openapi import route
+from sidecar.errors import ValidationFailed
+from sidecar.markers import CHAIN_ID_PATTERN
+from sidecar.runtime import runtime
+from sidecar.service import keys
+from sidecar.service.gate import ActivationInput, ChainInfo, EffectInput
+
+bp = Blueprint("chains", __name__, url_prefix="/v1")
+
+_CHAIN = re.compile(CHAIN_ID_PATTERN)
+_WORKFLOW = re.compile(r"^[^/]{1,200}$")
+_CHAIN_PATH = {"chain_id": CHAIN_ID_PATTERN}
+_WF_PATH = {"workflow": _WORKFLOW.pattern}
+
+
+@route(bp, "/activations", "POST", tag="chains", body=ActivationBody,
+       response=ActivationResponse,
+       summary="Right after a trigger: proceed, or drop an echo, a duplicate, a deep chain.")
+def activate() -> Response:
+    body = parse_body(ActivationBody)
+    ns = g.ns = keys.namespace(body.execution_mode)
+    result = runtime().gate.activate(g.principal, ns, ActivationInput(
+        workflow=body.workflow,
+        event_key=body.event_key,
+        related_keys=tuple(body.related_keys),
+        subject_key=body.subject_key,
+        content=body.content,
+        event=body.event,
+        marker=body.marker,
+    ))
+    out = result.outcome
+    log_decision("activations", out.decision, out.reason, workflow=body.workflow,
+                 trigger=body.trigger, chain_id=out.chain_id, depth=out.depth,
+                 activation_id=result.activation_id, invalid_markers=result.invalid_markers or None,
+                 execution_mode=body.execution_mode)
+    view = ActivationResponse(
+        decision=out.decision,
+        reason=out.reason,
+        chain_id=out.chain_id,
+        depth=out.depth,
+        activation_id=result.activation_id,
+        marker=result.marker,
+        counts=ActivationCounts(
+            chain_activations=out.chain_activations,
+            subject_activations_in_window=out.subject_activations_in_window,
+        ),
+        invalid_markers=result.invalid_markers,
+    )
+    return jsonify(view.model_dump(mode="json"))
+
+
+@route(bp, "/effects", "POST", tag="chains", body=EffectBody, response=EffectResponse,
+       summary="Register what this execution writes, so its return is recognized as an echo.")
+def register_effect() -> Response:
+    body = parse_body(EffectBody)
+    if body.workflow is None and body.chain_id is None:
+        raise ValidationFailed(
+            [{"loc": ["body", "workflow"], "msg": "name the workflow (or the chain_id)"}]
+        )
+    ns = g.ns = keys.namespace(body.execution_mode)
+    chain, effect = runtime().gate.register_effect(g.principal, ns, EffectInput(
+        chain_id=body.chain_id,
+        workflow=body.workflow,
+        target_keys=body.targets(),
+        content=body.content,
+        ttl_s=body.ttl_s,
+        strict=body.strict,
+    ))
+    log_decision("effects", "registered", None, workflow=effect.workflow,
+                 chain_id=chain.chain_id, effect_id=effect.effect_id,
+                 execution_mode=body.execution_mode)
+    view = EffectResponse(
+        effect_id=effect.effect_id,
+        chain_id=chain.chain_id,
+        workflow=effect.workflow,
+        depth=effect.depth,
+        target_count=len(body.targets()),
+        expires_at=rfc3339(effect.expires_at) or "",
+    )
+    return jsonify(view.model_dump(mode="json"))
+
+
+def _chain_answer(info: ChainInfo) -> Response:
+    view = ChainResponse(chain=ChainView.of(info.chain, info.stop, runtime().clock()))
+    return jsonify(view.model_dump(mode="json"))
+
+
+@route(bp, "/chains/<chain_id>", "GET", tag="chains", query=ModeQuery, response=ChainResponse,
+       path_params=_CHAIN_PATH, errors=(401, 403, 404, 422, 503),
+       summary="A chain: depth, activations, drops, effects, stop state, recent activations.")
+def get_chain(chain_id: str) -> Response:
+    check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
+    q = parse_query(ModeQuery)
+    return _chain_answer(runtime().gate.chain(g.principal, keys.namespace(q.execution_mode),
+                                              chain_id))
+
+
+@route(bp, "/chains/<chain_id>/stop", "POST", tag="chains", body=StopBody,
+       response=ChainResponse, path_params=_CHAIN_PATH,
+       summary="Stop a chain (admin): every later activation and begin in it is refused.")
+def stop_chain(chain_id: str) -> Response:
+    check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
+    body = parse_body(StopBody)
+    info = runtime().gate.stop_chain(g.principal, keys.namespace(body.execution_mode), chain_id,
+                                     body.reason, stopped=True)
+    log_decision("chains.stop", "stopped", body.reason, chain_id=chain_id,
+                 workflow=info.chain.workflow)
+    return _chain_answer(info)
+
+
+@route(bp, "/chains/<chain_id>/resume", "POST", tag="chains", body=ResumeBody,
+       response=ChainResponse, path_params=_CHAIN_PATH, summary="Lift a chain's stop (admin).")
+def resume_chain(chain_id: str) -> Response:
+    check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
+    body = parse_body(ResumeBody)
+    info = runtime().gate.stop_chain(g.principal, keys.namespace(body.execution_mode), chain_id,
+                                     body.reason or "", stopped=False)
+    log_decision("chains.resume", "resumed", body.reason, chain_id=chain_id,
+                 workflow=info.chain.workflow)
+    return _chain_answer(info)
+
+
+def _workflow_answer(workflow: str, stop: object) -> Response:
+    view = WorkflowResponse(workflow=workflow, stopped=StopView.of(stop))  # type: ignore[arg-type]
+    return jsonify(view.model_dump(mode="json"))
+
+
+@route(bp, "/workflows/<workflow>", "GET", tag="chains", query=ModeQuery,
+       response=WorkflowResponse, path_params=_WF_PATH, errors=(401, 403, 422, 503),
+       summary="Whether a workflow is stopped.")
+def get_workflow(workflow: str) -> Response:
+    check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
+    q = parse_query(ModeQuery)
+    stop = runtime().gate.workflow_stop(g.principal, keys.namespace(q.execution_mode), workflow)
+    return _workflow_answer(workflow, stop)
+
+
+@route(bp, "/workflows/<workflow>/stop", "POST", tag="chains", body=StopBody,
+       response=WorkflowResponse, path_params=_WF_PATH,
+       summary="Stop a workflow (admin): activations, task admissions and begins are refused.")
+def stop_workflow(workflow: str) -> Response:
+    check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
+    body = parse_body(StopBody)
+    stop = runtime().gate.stop_workflow(g.principal, keys.namespace(body.execution_mode),
+                                        workflow, body.reason, stopped=True)
+    log_decision("workflows.stop", "stopped", body.reason, workflow=workflow)
+    return _workflow_answer(workflow, stop)
+
+
+@route(bp, "/workflows/<workflow>/resume", "POST", tag="chains", body=ResumeBody,
+       response=WorkflowResponse, path_params=_WF_PATH, summary="Lift a workflow's stop (admin).")
+def resume_workflow(workflow: str) -> Response:
+    check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
+    body = parse_body(ResumeBody)
+    stop = runtime().gate.stop_workflow(g.principal, keys.namespace(body.execution_mode),
+                                        workflow, body.reason or "", stopped=False)
+    log_decision("workflows.resume", "resumed", body.reason, workflow=workflow)
+    return _workflow_answer(workflow, stop)

@@ -1,0 +1,552 @@
+"""The activation gate (DESIGN §2): breaking self-triggering chains, as pure functions.
+
+A trigger fires; the flow asks whether this *activation* is its own write
+coming back, a re-delivery, one more hop of a chain it started, or new
+work. Decided in this order, first match wins:
+
+1. the workflow or the chain the activation belongs to is stopped -> ``drop``, ``stopped``;
+2. the same event identity with the same content was seen inside the dedupe
+   window -> ``drop``, ``duplicate_event``;
+3. an unexpired effect of this workflow targets the event's identity and
+   every field it wrote equals the event's field -> ``drop``, ``echo``; if a
+   field differs, someone else changed the record: a new chain starts (a
+   marker still in that record is stale and ignored) and rule 5 decides,
+   with reason ``external_change``;
+4. a valid marker of a live chain, or a related key (or the event identity
+   itself, written by another workflow) that an effect targets -> the
+   chain continues at depth + 1: past ``max_depth`` -> ``chain_depth``,
+   past the chain's activation budget -> ``chain_budget``, else ``proceed``,
+   ``reentry``;
+5. too many activations of the same subject inside ``rate_window_s`` ->
+   ``activation_rate``; too many of the workflow inside
+   ``workflow_rate_window_s`` -> ``workflow_rate`` (a circuit breaker);
+6. else ``proceed``, ``new_chain`` at depth 0.
+
+Both rates count activations that proceeded; dropped ones consume nothing.
+Echo matching compares only the effect's fields, after
+:func:`normalize_scalar` unless the effect is ``strict``.
+
+Times are epoch seconds; every function takes ``now`` and does no I/O.
+Values arrive as fingerprints (HMACs computed by the service), never raw.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+#: How many recent activations a chain keeps for its timeline.
+RECENT_ACTIVATIONS = 50
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+class ActivationDecision(StrEnum):
+    PROCEED = "proceed"
+    DROP = "drop"
+
+
+class ActivationReason(StrEnum):
+    """Why an activation proceeded or was dropped (DESIGN §2 rules 1-6)."""
+
+    STOPPED = "stopped"
+    DUPLICATE_EVENT = "duplicate_event"
+    ECHO = "echo"
+    CHAIN_DEPTH = "chain_depth"
+    CHAIN_BUDGET = "chain_budget"
+    ACTIVATION_RATE = "activation_rate"
+    WORKFLOW_RATE = "workflow_rate"
+    REENTRY = "reentry"
+    EXTERNAL_CHANGE = "external_change"
+    NEW_CHAIN = "new_chain"
+
+
+def normalize_scalar(value: Any) -> Any:
+    """The form a value takes for echo matching (DESIGN §2, "Field equality").
+
+    Google Sheets returns ``""`` for empty, ``0`` and ``false`` cells, a text
+    cell returns ``"42"`` where the flow wrote ``42``, and a form sends every
+    value as a string. So: numbers and numeric strings compare by value
+    (``5`` == ``5.0`` == ``" 5 "``), strings are trimmed, ``"true"`` is
+    ``true``, and ``""``, ``null``, ``0``, ``false`` and ``"false"`` are
+    all the same empty value. Objects and lists are compared as they are.
+    Dates are not converted.
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return True
+    if isinstance(value, int | float):
+        return None if value == 0 else float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        lowered = text.lower()
+        if text == "" or lowered == "false":
+            return None
+        if lowered == "true":
+            return True
+        if _NUMBER.fullmatch(text):
+            number = float(text)
+            if math.isfinite(number):
+                return None if number == 0 else number
+        return text
+    return value
+
+
+# -- state ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainLimits:
+    """A workflow's chain policy; windows and TTL in seconds."""
+
+    max_depth: int = 3
+    max_activations: int = 20
+    rate_limit: int = 10
+    rate_window_s: float = 3600
+    workflow_rate_limit: int = 10_000
+    workflow_rate_window_s: float = 3600
+    dedupe_window_s: float = 3600
+    chain_ttl_s: float = 86_400
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One causal chain of activations across executions.
+
+    :ivar depth: the deepest hop that proceeded (0 for the first activation).
+    :ivar activations: activations that proceeded (the chain budget counts these).
+    :ivar drops: activations of this chain that were dropped.
+    :ivar effects: effects registered in this chain.
+    :ivar expires_at: the chain ends then; a marker of an expired chain counts as none.
+    :ivar recent: the last :data:`RECENT_ACTIVATIONS` activations,
+        ``{activation_id, at, decision, reason, depth}``.
+    """
+
+    chain_id: str
+    workflow: str
+    depth: int
+    activations: int
+    drops: int
+    effects: int
+    created_at: float
+    updated_at: float
+    expires_at: float
+    recent: tuple[dict[str, Any], ...] = ()
+
+    def alive(self, now: float) -> bool:
+        return now < self.expires_at
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["recent"] = list(self.recent)
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any] | None) -> Chain | None:
+        if doc is None:
+            return None
+        return cls(**{**doc, "recent": tuple(doc.get("recent", ()))})
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What an execution wrote, keyed by the identities it has when it comes back.
+
+    :ivar fields: field name -> fingerprint of the written value (normalized
+        unless ``strict``).
+    """
+
+    effect_id: str
+    workflow: str
+    chain_id: str
+    depth: int
+    fields: dict[str, str]
+    strict: bool
+    created_at: float
+    expires_at: float
+
+    def alive(self, now: float) -> bool:
+        return now < self.expires_at
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any] | None) -> Effect | None:
+        return None if doc is None else cls(**doc)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The last content seen for one event identity of one workflow."""
+
+    fingerprint: str
+    at: float
+
+
+@dataclass(frozen=True)
+class RateLog:
+    """Times (s) of recent proceeded activations of one subject, oldest first."""
+
+    times: tuple[float, ...] = ()
+
+    def in_window(self, now: float, window_s: float) -> tuple[float, ...]:
+        return tuple(t for t in self.times if now - t < window_s)
+
+
+@dataclass(frozen=True)
+class RateCounter:
+    """A sliding-window counter: this fixed window's count and the previous one's.
+
+    The estimate weights the previous window by how much of it still
+    overlaps the sliding window (the approach of Cloudflare's and nginx's
+    rate limiters); it holds two numbers however busy the workflow is.
+    """
+
+    window_start: float = 0.0
+    count: int = 0
+    previous: int = 0
+
+    def rolled(self, now: float, window_s: float) -> RateCounter:
+        """The counter with its windows moved up to ``now``."""
+        if now < self.window_start + window_s:
+            return self
+        windows = int((now - self.window_start) // window_s)
+        start = self.window_start + windows * window_s if self.window_start else now
+        return RateCounter(start, 0, self.count if windows == 1 else 0)
+
+    def estimate(self, now: float, window_s: float) -> float:
+        cur = self.rolled(now, window_s)
+        overlap = 1 - (now - cur.window_start) / window_s
+        return cur.previous * max(0.0, overlap) + cur.count
+
+    def add(self, now: float, window_s: float) -> RateCounter:
+        cur = self.rolled(now, window_s)
+        return replace(cur, count=cur.count + 1)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A sticky stop of a workflow or a chain."""
+
+    at: float
+    reason: str
+    actor: str
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A verified marker: the chain and the depth of the hop that wrote it."""
+
+    chain_id: str
+    depth: int
+
+
+@dataclass(frozen=True)
+class FieldPrints:
+    """Fingerprints of the event's content fields, both ways.
+
+    :ivar normal: field -> fingerprint of :func:`normalize_scalar` (value).
+    :ivar strict: field -> fingerprint of the value as is.
+    :ivar missing_normal: the fingerprint an absent field has (normalized null).
+    :ivar missing_strict: the same, strict.
+    """
+
+    normal: Mapping[str, str]
+    strict: Mapping[str, str]
+    missing_normal: str
+    missing_strict: str
+
+    def matches(self, effect: Effect) -> bool:
+        """True when every field the effect wrote has the same value in the event."""
+        prints, missing = (
+            (self.strict, self.missing_strict)
+            if effect.strict
+            else (self.normal, self.missing_normal)
+        )
+        return all(prints.get(name, missing) == fp for name, fp in effect.fields.items())
+
+
+@dataclass(frozen=True)
+class ActivationRequest:
+    """An activation as the core sees it (identities already fingerprinted).
+
+    :ivar new_chain_id: the id a new chain gets (made by the caller: the
+        core draws no randomness).
+    :ivar has_subject: False when neither ``subject_key`` nor ``event_key``
+        was given: then no per-subject rate applies.
+    """
+
+    workflow: str
+    activation_id: str
+    new_chain_id: str
+    content_fp: str
+    fields: FieldPrints
+    marker: Marker | None
+    has_subject: bool
+
+
+@dataclass(frozen=True)
+class ActivationState:
+    """Everything an activation decision reads, from one store transaction.
+
+    :ivar own_effect: the effect targeting the event's identity, if any.
+    :ivar related_effects: effects targeting the event's related keys.
+    :ivar chains: the chains named by the marker and by those effects.
+    :ivar chain_stops: stops of those chains.
+    """
+
+    workflow_stop: Stop | None = None
+    seen: Seen | None = None
+    own_effect: Effect | None = None
+    related_effects: tuple[Effect, ...] = ()
+    chains: Mapping[str, Chain] = field(default_factory=dict)
+    chain_stops: Mapping[str, Stop] = field(default_factory=dict)
+    subject_rate: RateLog | None = None
+    workflow_rate: RateCounter | None = None
+
+
+@dataclass(frozen=True)
+class ActivationChanges:
+    """What to store after the decision (None: leave as is)."""
+
+    seen: Seen | None = None
+    chain: Chain | None = None
+    subject_rate: RateLog | None = None
+    workflow_rate: RateCounter | None = None
+
+
+@dataclass(frozen=True)
+class ActivationOutcome:
+    """The answer: decision, reason, the chain and depth, and the counts."""
+
+    decision: ActivationDecision
+    reason: ActivationReason
+    chain_id: str | None
+    depth: int | None
+    chain_activations: int
+    subject_activations_in_window: int
+
+
+def _link(
+    state: ActivationState, req: ActivationRequest, now: float
+) -> tuple[Chain, int] | None:
+    """The live chain this activation continues, and the depth it continues from."""
+    candidates: list[tuple[Chain, int]] = []
+    if req.marker is not None:
+        chain = state.chains.get(req.marker.chain_id)
+        if chain is not None and chain.alive(now):
+            candidates.append((chain, req.marker.depth))
+    effects = list(state.related_effects)
+    if state.own_effect is not None and state.own_effect.workflow != req.workflow:
+        effects.append(state.own_effect)  # written by another workflow: a hop, not an echo
+    for effect in effects:
+        chain = state.chains.get(effect.chain_id)
+        if effect.alive(now) and chain is not None and chain.alive(now):
+            candidates.append((chain, effect.depth))
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: (c[1], c[0].chain_id))
+
+
+def decide_activation(
+    state: ActivationState, req: ActivationRequest, limits: ChainLimits, now: float
+) -> tuple[ActivationChanges, ActivationOutcome]:
+    """Decide one activation (rules 1-6 of the module docstring).
+
+    :returns: the changes to store and the outcome.
+    """
+    own = state.own_effect
+    own_here = own is not None and own.workflow == req.workflow and own.alive(now)
+    echo = own_here and own is not None and req.fields.matches(own)
+    external = own_here and not echo
+    link = None if own_here else _link(state, req, now)
+
+    if echo and own is not None:
+        chain_id: str | None = own.chain_id
+    elif link is not None:
+        chain_id = link[0].chain_id
+    else:
+        chain_id = None
+    chain = state.chains.get(chain_id) if chain_id else None
+    subject_times = (
+        state.subject_rate.in_window(now, limits.rate_window_s)
+        if state.subject_rate and req.has_subject
+        else ()
+    )
+
+    def dropped(reason: ActivationReason, depth: int | None, seen: bool = True) -> tuple[
+        ActivationChanges, ActivationOutcome
+    ]:
+        new_chain = None
+        if chain is not None:
+            new_chain = _record(chain, req, now, ActivationDecision.DROP, reason, depth)
+        changes = ActivationChanges(
+            seen=Seen(req.content_fp, now) if seen else None, chain=new_chain
+        )
+        return changes, ActivationOutcome(
+            ActivationDecision.DROP,
+            reason,
+            chain_id,
+            depth,
+            chain.activations if chain else 0,
+            len(subject_times),
+        )
+
+    # 1. stops
+    if state.workflow_stop is not None or (chain_id and chain_id in state.chain_stops):
+        return dropped(ActivationReason.STOPPED, None, seen=False)
+    # 2. a delivery seen before
+    if (
+        state.seen is not None
+        and state.seen.fingerprint == req.content_fp
+        and now - state.seen.at < limits.dedupe_window_s
+    ):
+        return dropped(ActivationReason.DUPLICATE_EVENT, None)
+    # 3. our own write came back
+    if echo and own is not None:
+        return dropped(ActivationReason.ECHO, own.depth)
+    # 4. one more hop of a live chain
+    if link is not None:
+        linked, from_depth = link
+        depth = from_depth + 1
+        if depth > limits.max_depth:
+            return dropped(ActivationReason.CHAIN_DEPTH, depth)
+        if linked.activations + 1 > limits.max_activations:
+            return dropped(ActivationReason.CHAIN_BUDGET, depth)
+        return _proceed(state, req, limits, now, linked, depth, ActivationReason.REENTRY,
+                        subject_times)
+    # 5. rates, a circuit breaker for loops that leave no trace
+    if req.has_subject and len(subject_times) >= limits.rate_limit:
+        return dropped(ActivationReason.ACTIVATION_RATE, None)
+    counter = state.workflow_rate or RateCounter()
+    if counter.estimate(now, limits.workflow_rate_window_s) >= limits.workflow_rate_limit:
+        return dropped(ActivationReason.WORKFLOW_RATE, None)
+    # 6. new work
+    fresh = Chain(
+        chain_id=req.new_chain_id,
+        workflow=req.workflow,
+        depth=0,
+        activations=0,
+        drops=0,
+        effects=0,
+        created_at=now,
+        updated_at=now,
+        expires_at=now + limits.chain_ttl_s,
+    )
+    reason = ActivationReason.EXTERNAL_CHANGE if external else ActivationReason.NEW_CHAIN
+    return _proceed(state, req, limits, now, fresh, 0, reason, subject_times)
+
+
+def _record(
+    chain: Chain,
+    req: ActivationRequest,
+    now: float,
+    decision: ActivationDecision,
+    reason: ActivationReason,
+    depth: int | None,
+) -> Chain:
+    entry = {
+        "activation_id": req.activation_id,
+        "at": now,
+        "decision": str(decision),
+        "reason": str(reason),
+        "depth": depth,
+    }
+    proceeded = decision is ActivationDecision.PROCEED
+    return replace(
+        chain,
+        depth=max(chain.depth, depth or 0) if proceeded else chain.depth,
+        activations=chain.activations + (1 if proceeded else 0),
+        drops=chain.drops + (0 if proceeded else 1),
+        updated_at=now,
+        recent=(*chain.recent, entry)[-RECENT_ACTIVATIONS:],
+    )
+
+
+def _proceed(
+    state: ActivationState,
+    req: ActivationRequest,
+    limits: ChainLimits,
+    now: float,
+    chain: Chain,
+    depth: int,
+    reason: ActivationReason,
+    subject_times: tuple[float, ...],
+) -> tuple[ActivationChanges, ActivationOutcome]:
+    new_chain = _record(chain, req, now, ActivationDecision.PROCEED, reason, depth)
+    times = (*subject_times, now) if req.has_subject else subject_times
+    changes = ActivationChanges(
+        seen=Seen(req.content_fp, now),
+        chain=new_chain,
+        subject_rate=RateLog(times[-limits.rate_limit:]) if req.has_subject else None,
+        workflow_rate=(state.workflow_rate or RateCounter()).add(
+            now, limits.workflow_rate_window_s
+        ),
+    )
+    return changes, ActivationOutcome(
+        ActivationDecision.PROCEED,
+        reason,
+        new_chain.chain_id,
+        depth,
+        new_chain.activations,
+        len(times),
+    )
+
+
+# -- effects ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EffectRequest:
+    """An effect as the core sees it (field values already fingerprinted)."""
+
+    workflow: str
+    effect_id: str
+    new_chain_id: str
+    fields: dict[str, str]
+    strict: bool
+    ttl_s: float | None
+
+
+def register_effect(
+    chain: Chain | None, req: EffectRequest, limits: ChainLimits, now: float
+) -> tuple[Chain, Effect]:
+    """Register what an execution writes, in ``chain`` (or a new chain).
+
+    The effect takes the chain's current depth and, unless ``ttl_s`` is
+    given, lives as long as the chain. A new effect on a target replaces
+    the old one (the caller stores it under every target key).
+
+    :returns: the updated chain and the effect.
+    """
+    if chain is None or not chain.alive(now):
+        chain = Chain(
+            chain_id=req.new_chain_id,
+            workflow=req.workflow,
+            depth=0,
+            activations=0,
+            drops=0,
+            effects=0,
+            created_at=now,
+            updated_at=now,
+            expires_at=now + limits.chain_ttl_s,
+        )
+    chain = replace(chain, effects=chain.effects + 1, updated_at=now)
+    expires_at = now + req.ttl_s if req.ttl_s is not None else chain.expires_at
+    effect = Effect(
+        effect_id=req.effect_id,
+        workflow=req.workflow,
+        chain_id=chain.chain_id,
+        depth=chain.depth,
+        fields=dict(req.fields),
+        strict=req.strict,
+        created_at=now,
+        expires_at=expires_at,
+    )
+    return chain, effect

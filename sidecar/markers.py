@@ -1,0 +1,99 @@
+"""Chain markers: ``ls1.<chain_id>.<depth>.<signature>``.
+
+A marker is an opaque string the flow embeds in what it writes (a sheet
+column, an email body line, a webhook header) so that, when the write comes
+back through a trigger, the activation continues the chain one hop deeper.
+The signature is the first 32 hex digits (128 bits) of
+``HMAC-SHA256(secret, "ls1.<chain_id>.<depth>")``; a marker whose signature
+verifies under no configured secret is ignored (and counted), never trusted.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.canonical import Fingerprinter
+from sidecar.core.gate import Marker
+
+PREFIX = "ls1"
+SIGNATURE_HEX = 32
+MAX_DEPTH_DIGITS = 4
+_CHAIN_ID = r"c[0-9a-f]{20}"
+_VALID = re.compile(
+    rf"{PREFIX}\.({_CHAIN_ID})\.(\d{{1,{MAX_DEPTH_DIGITS}}})\.([0-9a-f]{{{SIGNATURE_HEX}}})"
+)
+#: Anything that starts like a marker: candidates to verify (and count when they fail).
+_CANDIDATE = re.compile(rf"{PREFIX}\.[A-Za-z0-9._-]*", re.IGNORECASE)
+CHAIN_ID_PATTERN = rf"^{_CHAIN_ID}$"
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a search for markers found: the valid ones and how many failed."""
+
+    valid: tuple[Marker, ...]
+    invalid: int
+
+    def best(self) -> Marker | None:
+        """The deepest valid marker (an email quoting a thread holds several)."""
+        return max(self.valid, key=lambda m: (m.depth, m.chain_id), default=None)
+
+
+def _signature(fingerprinter: Fingerprinter, body: str, secret_id: str | None = None) -> str:
+    return fingerprinter.mac(body, secret_id)[:SIGNATURE_HEX]
+
+
+def encode(fingerprinter: Fingerprinter, chain_id: str, depth: int) -> str:
+    """The signed marker for ``chain_id`` at ``depth``, under the current secret."""
+    body = f"{PREFIX}.{chain_id}.{depth}"
+    return f"{body}.{_signature(fingerprinter, body)}"
+
+
+def verify(fingerprinter: Fingerprinter, text: str) -> Marker | None:
+    """Parse and verify one marker (surrounding whitespace allowed); None if it fails."""
+    match = _VALID.fullmatch(text.strip().lower())
+    if match is None:
+        return None
+    chain_id, depth, signature = match.groups()
+    body = f"{PREFIX}.{chain_id}.{depth}"
+    ok = False
+    for secret_id in fingerprinter.secret_ids:  # constant time per secret, no early exit
+        ok |= hmac.compare_digest(_signature(fingerprinter, body, secret_id), signature)
+    return Marker(chain_id, int(depth)) if ok else None
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def scan(fingerprinter: Fingerprinter, *values: Any) -> Scan:
+    """Find markers in every string (and object key) of ``values``.
+
+    Header lines (``"X-Loopstop-Chain: ls1...."``), body lines, sheet cells:
+    anything that contains ``ls1.`` is tried, in any letter case.
+    """
+    valid: list[Marker] = []
+    invalid = 0
+    for value in values:
+        for text in _strings(value):
+            if "ls1." not in text.lower():
+                continue
+            for candidate in _CANDIDATE.findall(text):
+                marker = verify(fingerprinter, candidate.rstrip("."))
+                if marker is None:
+                    invalid += 1
+                else:
+                    valid.append(marker)
+    return Scan(tuple(valid), invalid)

@@ -1,0 +1,368 @@
+"""The activation gate service: activations, effects, chains and stops
+around :mod:`sidecar.core.gate`."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sidecar import markers
+from sidecar.auth import Principal
+from sidecar.canonical import Fingerprinter
+from sidecar.config import ChainsConfig
+from sidecar.core import gate as core
+from sidecar.core.gate import (
+    ActivationOutcome,
+    ActivationRequest,
+    ActivationState,
+    Chain,
+    ChainLimits,
+    Effect,
+    EffectRequest,
+    FieldPrints,
+    RateCounter,
+    RateLog,
+    Seen,
+    Stop,
+)
+from sidecar.errors import NotFound
+from sidecar.service import keys
+from sidecar.store import Plan, Snapshot, Store, Write
+
+
+def new_chain_id() -> str:
+    """A fresh chain id: ``c`` + 20 hex digits (80 random bits)."""
+    return "c" + secrets.token_hex(10)
+
+
+def derive_content(content: Any, event: Any) -> Any:
+    """The fields that matter for dedupe and echo matching.
+
+    ``content`` when given; else the ``event``, except that an n8n Webhook
+    item (``{headers, params, query, body}``) counts by its ``body`` (a
+    provider's redelivery repeats the body, not its transport headers), and
+    a Google Sheets "Include Both Versions" item by its ``current`` row.
+    """
+    if content is not None:
+        return content
+    if isinstance(event, dict):
+        if "headers" in event and "body" in event and ("query" in event or "params" in event):
+            return event["body"]
+        if "current" in event and "previous" in event:
+            return event["current"]
+        return event
+    return {} if event is None else event
+
+
+def _ttl(until: float, now: float) -> float:
+    return max(1.0, until - now)
+
+
+@dataclass(frozen=True)
+class ActivationInput:
+    """The validated ``POST /v1/activations`` body."""
+
+    workflow: str
+    event_key: str | None
+    related_keys: tuple[str, ...]
+    subject_key: str | None
+    content: Any
+    event: Any
+    marker: str | None
+
+
+@dataclass(frozen=True)
+class ActivationResult:
+    outcome: ActivationOutcome
+    activation_id: str
+    marker: str | None
+    invalid_markers: int
+
+
+@dataclass(frozen=True)
+class EffectInput:
+    """The validated ``POST /v1/effects`` body."""
+
+    chain_id: str | None
+    workflow: str | None
+    target_keys: tuple[str, ...]
+    content: Mapping[str, Any]
+    ttl_s: float | None
+    strict: bool
+
+
+@dataclass(frozen=True)
+class ChainInfo:
+    chain: Chain
+    stop: Stop | None
+
+
+def _stop(doc: Mapping[str, Any] | None) -> Stop | None:
+    return None if doc is None else Stop(**doc)
+
+
+class GateService:
+    """Runs activation, effect and stop decisions as store transactions."""
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprinter: Fingerprinter,
+        chains: ChainsConfig,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.fp = fingerprinter
+        self.chains = chains
+        self.clock = clock
+
+    def limits(self, workflow: str | None) -> ChainLimits:
+        """The chain policy of ``workflow`` (defaults plus its overrides)."""
+        return ChainLimits(**self.chains.for_workflow(workflow).model_dump())
+
+    # -- fingerprints ------------------------------------------------------------
+
+    def field_prints(self, content: Any) -> FieldPrints:
+        fields = content if isinstance(content, dict) else {}
+        return FieldPrints(
+            normal={k: self.fp.fingerprint(core.normalize_scalar(v)) for k, v in fields.items()},
+            strict={k: self.fp.fingerprint(v) for k, v in fields.items()},
+            missing_normal=self.fp.fingerprint(core.normalize_scalar(None)),
+            missing_strict=self.fp.fingerprint(None),
+        )
+
+    # -- activations -------------------------------------------------------------
+
+    def activate(self, principal: Principal, ns: str, body: ActivationInput) -> ActivationResult:
+        """Decide one activation atomically (DESIGN §2).
+
+        :raises Forbidden: the token may not act for the workflow.
+        :raises StoreUnavailable: fail closed.
+        """
+        principal.require(body.workflow)
+        now = self.clock()
+        wf = body.workflow
+        limits = self.limits(wf)
+        content = derive_content(body.content, body.event)
+        content_fp = self.fp.fingerprint(content)
+        if body.marker is not None:
+            found = markers.scan(self.fp, body.marker)
+        else:
+            found = markers.scan(self.fp, body.event if body.event is not None else content)
+        marker = found.best()
+        subject = body.subject_key or body.event_key
+        event_hash = (
+            self.fp.key_hash("event", body.event_key) if body.event_key else "c" + content_fp[:32]
+        )
+        own_key = (
+            keys.effect(ns, self.fp.key_hash("target", body.event_key)) if body.event_key else None
+        )
+        related = [
+            k
+            for k in dict.fromkeys(
+                keys.effect(ns, self.fp.key_hash("target", r)) for r in body.related_keys
+            )
+            if k != own_key
+        ]
+        seen_key = keys.seen(ns, wf, event_hash)
+        subject_key = keys.subject_rate(ns, wf, self.fp.key_hash("subject", subject or ""))
+        wf_rate_key = keys.workflow_rate(ns, wf)
+        wf_stop_key = keys.workflow_stop(ns, wf)
+        fresh_chain = new_chain_id()
+        req = ActivationRequest(
+            workflow=wf,
+            activation_id="a" + secrets.token_hex(8),
+            new_chain_id=fresh_chain,
+            content_fp=content_fp,
+            fields=self.field_prints(content),
+            marker=marker,
+            has_subject=subject is not None,
+        )
+        declared = [wf_stop_key, seen_key, subject_key, wf_rate_key, keys.chain(ns, fresh_chain),
+                    *related]
+        if own_key:
+            declared.append(own_key)
+        if marker is not None:
+            declared += [keys.chain(ns, marker.chain_id), keys.chain_stop(ns, marker.chain_id)]
+
+        def decide(snap: Snapshot) -> Plan[ActivationOutcome]:
+            own = Effect.from_doc(snap.get(own_key)) if own_key else None
+            effects = tuple(e for k in related if (e := Effect.from_doc(snap.get(k))))
+            chain_ids = {e.chain_id for e in (*effects, *([own] if own else []))}
+            if marker is not None:
+                chain_ids.add(marker.chain_id)
+            chains = {
+                cid: c for cid in sorted(chain_ids)
+                if (c := Chain.from_doc(snap.get(keys.chain(ns, cid))))
+            }
+            stops = {
+                cid: s for cid in chains
+                if (s := _stop(snap.get(keys.chain_stop(ns, cid))))
+            }
+            seen_doc = snap.get(seen_key)
+            subj_doc = snap.get(subject_key)
+            rate_doc = snap.get(wf_rate_key)
+            state = ActivationState(
+                workflow_stop=_stop(snap.get(wf_stop_key)),
+                seen=Seen(**seen_doc) if seen_doc else None,
+                own_effect=own,
+                related_effects=effects,
+                chains=chains,
+                chain_stops=stops,
+                subject_rate=RateLog(tuple(subj_doc["times"])) if subj_doc else None,
+                workflow_rate=RateCounter(**rate_doc) if rate_doc else None,
+            )
+            changes, outcome = core.decide_activation(state, req, limits, now)
+            plan: Plan[ActivationOutcome] = Plan(outcome)
+            if changes.seen is not None:
+                plan.writes[seen_key] = Write(asdict(changes.seen), limits.dedupe_window_s)
+            if changes.chain is not None:
+                chain_key = keys.chain(ns, changes.chain.chain_id)
+                snap.get(chain_key)
+                plan.writes[chain_key] = Write(
+                    changes.chain.to_doc(), _ttl(changes.chain.expires_at, now)
+                )
+            if changes.subject_rate is not None:
+                plan.writes[subject_key] = Write(
+                    {"times": list(changes.subject_rate.times)}, limits.rate_window_s
+                )
+            if changes.workflow_rate is not None:
+                plan.writes[wf_rate_key] = Write(
+                    asdict(changes.workflow_rate), 2 * limits.workflow_rate_window_s
+                )
+            return plan
+
+        outcome = self.store.transact(declared, decide)
+        issued = None
+        if outcome.decision is core.ActivationDecision.PROCEED and outcome.chain_id:
+            issued = markers.encode(self.fp, outcome.chain_id, outcome.depth or 0)
+        return ActivationResult(outcome, req.activation_id, issued, found.invalid)
+
+    # -- effects -------------------------------------------------------------------
+
+    def register_effect(
+        self, principal: Principal, ns: str, body: EffectInput
+    ) -> tuple[Chain, Effect]:
+        """Register what this execution writes under every target key.
+
+        :raises Forbidden: the token may not act for the effect's workflow.
+        :raises ValidationFailed: no workflow could be determined (checked by the API).
+        :raises StoreUnavailable: fail closed.
+        """
+        now = self.clock()
+        fresh_chain = new_chain_id()
+        targets = [keys.effect(ns, self.fp.key_hash("target", t)) for t in body.target_keys]
+        targets = list(dict.fromkeys(targets))
+        prints = {
+            k: self.fp.fingerprint(v if body.strict else core.normalize_scalar(v))
+            for k, v in body.content.items()
+        }
+        declared = [keys.chain(ns, fresh_chain), *targets]
+        if body.chain_id:
+            declared.append(keys.chain(ns, body.chain_id))
+
+        def decide(snap: Snapshot) -> Plan[tuple[Chain, Effect]]:
+            chain = Chain.from_doc(snap.get(keys.chain(ns, body.chain_id))) if body.chain_id else None
+            workflow = body.workflow or (chain.workflow if chain else None)
+            principal.require(workflow)
+            assert workflow is not None
+            req = EffectRequest(
+                workflow=workflow,
+                effect_id="e" + secrets.token_hex(8),
+                new_chain_id=fresh_chain,
+                fields=prints,
+                strict=body.strict,
+                ttl_s=body.ttl_s,
+            )
+            new_chain, effect = core.register_effect(chain, req, self.limits(workflow), now)
+            plan: Plan[tuple[Chain, Effect]] = Plan((new_chain, effect))
+            plan.writes[keys.chain(ns, new_chain.chain_id)] = Write(
+                new_chain.to_doc(), _ttl(new_chain.expires_at, now)
+            )
+            for key in targets:
+                plan.writes[key] = Write(effect.to_doc(), _ttl(effect.expires_at, now))
+            return plan
+
+        return self.store.transact(declared, decide)
+
+    # -- chains and stops ----------------------------------------------------------
+
+    def chain(self, principal: Principal, ns: str, chain_id: str) -> ChainInfo:
+        """A chain and its stop.
+
+        :raises NotFound: no such chain (or it expired and was collected).
+        :raises Forbidden: the chain belongs to a workflow outside the scope.
+        """
+        docs = self.store.get_many([keys.chain(ns, chain_id), keys.chain_stop(ns, chain_id)])
+        chain = Chain.from_doc(docs[keys.chain(ns, chain_id)])
+        if chain is None:
+            raise NotFound(f"no chain {chain_id!r}")
+        principal.require(chain.workflow)
+        return ChainInfo(chain, _stop(docs[keys.chain_stop(ns, chain_id)]))
+
+    def stop_chain(
+        self, principal: Principal, ns: str, chain_id: str, reason: str, stopped: bool
+    ) -> ChainInfo:
+        """Stop (sticky) or resume a chain. Admin only.
+
+        :raises Forbidden: not an admin token.
+        :raises NotFound: no such chain.
+        """
+        principal.require_admin()
+        now = self.clock()
+        chain_key, stop_key = keys.chain(ns, chain_id), keys.chain_stop(ns, chain_id)
+
+        def decide(snap: Snapshot) -> Plan[ChainInfo]:
+            chain = Chain.from_doc(snap.get(chain_key))
+            if chain is None:
+                raise NotFound(f"no chain {chain_id!r}")
+            current = _stop(snap.get(stop_key))
+            if not stopped:
+                plan: Plan[ChainInfo] = Plan(ChainInfo(chain, None))
+                if current is not None:
+                    plan.writes[stop_key] = Write(None)
+                return plan
+            stop = current or Stop(now, reason, principal.name)
+            plan = Plan(ChainInfo(chain, stop))
+            if current is None:
+                plan.writes[stop_key] = Write(asdict(stop), _ttl(chain.expires_at, now))
+            return plan
+
+        return self.store.transact([chain_key, stop_key], decide)
+
+    def workflow_stop(self, principal: Principal, ns: str, workflow: str) -> Stop | None:
+        """The workflow's stop, if any.
+
+        :raises Forbidden: the workflow is outside the token's scope.
+        """
+        principal.require(workflow)
+        return _stop(self.store.get(keys.workflow_stop(ns, workflow)))
+
+    def stop_workflow(
+        self, principal: Principal, ns: str, workflow: str, reason: str, stopped: bool
+    ) -> Stop | None:
+        """Stop (sticky, until resumed) or resume a workflow. Admin only.
+
+        Every later activation, task admission and operation ``begin`` of the
+        workflow is answered ``stopped``.
+
+        :raises Forbidden: not an admin token, or outside its scope.
+        """
+        principal.require_admin()
+        principal.require(workflow)
+        now = self.clock()
+        key = keys.workflow_stop(ns, workflow)
+
+        def decide(snap: Snapshot) -> Plan[Stop | None]:
+            current = _stop(snap.get(key))
+            if not stopped:
+                return Plan(None, {key: Write(None)} if current else {})
+            if current is not None:
+                return Plan(current)
+            stop = Stop(now, reason, principal.name)
+            return Plan(stop, {key: Write(asdict(stop))})
+
+        return self.store.transact([key], decide)
+
