@@ -104,7 +104,7 @@ def _too_deep(value: Any, limit: int) -> list[str | int] | None:
     while stack:
         node, path = stack.pop()
         if len(path) > limit:
-            return path[:limit + 1]
+            return path[: limit + 1]
         if isinstance(node, dict):
             stack.extend((v, [*path, k]) for k, v in node.items())
         elif isinstance(node, list):

@@ -38,26 +38,44 @@ _CHAIN_PATH = {"chain_id": CHAIN_ID_PATTERN}
 _WF_PATH = {"workflow": _WORKFLOW.pattern}
 
 
-@route(bp, "/activations", "POST", tag="chains", body=ActivationBody,
-       response=ActivationResponse,
-       summary="Right after a trigger: proceed, or drop an echo, a duplicate, a deep chain.")
+@route(
+    bp,
+    "/activations",
+    "POST",
+    tag="chains",
+    body=ActivationBody,
+    response=ActivationResponse,
+    summary="Right after a trigger: proceed, or drop an echo, a duplicate, a deep chain.",
+)
 def activate() -> Response:
     body = parse_body(ActivationBody)
     ns = g.ns = keys.namespace(body.execution_mode)
-    result = runtime().gate.activate(g.principal, ns, ActivationInput(
-        workflow=body.workflow,
-        event_key=body.event_key,
-        related_keys=tuple(body.related_keys),
-        subject_key=body.subject_key,
-        content=body.content,
-        event=body.event,
-        marker=body.marker,
-    ))
+    result = runtime().gate.activate(
+        g.principal,
+        ns,
+        ActivationInput(
+            workflow=body.workflow,
+            event_key=body.event_key,
+            related_keys=tuple(body.related_keys),
+            subject_key=body.subject_key,
+            content=body.content,
+            event=body.event,
+            marker=body.marker,
+        ),
+    )
     out = result.outcome
-    log_decision("activations", out.decision, out.reason, workflow=body.workflow,
-                 trigger=body.trigger, chain_id=out.chain_id, depth=out.depth,
-                 activation_id=result.activation_id, invalid_markers=result.invalid_markers or None,
-                 execution_mode=body.execution_mode)
+    log_decision(
+        "activations",
+        out.decision,
+        out.reason,
+        workflow=body.workflow,
+        trigger=body.trigger,
+        chain_id=out.chain_id,
+        depth=out.depth,
+        activation_id=result.activation_id,
+        invalid_markers=result.invalid_markers or None,
+        execution_mode=body.execution_mode,
+    )
     view = ActivationResponse(
         decision=out.decision,
         reason=out.reason,
@@ -74,8 +92,15 @@ def activate() -> Response:
     return jsonify(view.model_dump(mode="json"))
 
 
-@route(bp, "/effects", "POST", tag="chains", body=EffectBody, response=EffectResponse,
-       summary="Register what this execution writes, so its return is recognized as an echo.")
+@route(
+    bp,
+    "/effects",
+    "POST",
+    tag="chains",
+    body=EffectBody,
+    response=EffectResponse,
+    summary="Register what this execution writes, so its return is recognized as an echo.",
+)
 def register_effect() -> Response:
     body = parse_body(EffectBody)
     if body.workflow is None and body.chain_id is None:
@@ -83,17 +108,27 @@ def register_effect() -> Response:
             [{"loc": ["body", "workflow"], "msg": "name the workflow (or the chain_id)"}]
         )
     ns = g.ns = keys.namespace(body.execution_mode)
-    chain, effect = runtime().gate.register_effect(g.principal, ns, EffectInput(
-        chain_id=body.chain_id,
-        workflow=body.workflow,
-        target_keys=body.targets(),
-        content=body.content,
-        ttl_s=body.ttl_s,
-        strict=body.strict,
-    ))
-    log_decision("effects", "registered", None, workflow=effect.workflow,
-                 chain_id=chain.chain_id, effect_id=effect.effect_id,
-                 execution_mode=body.execution_mode)
+    chain, effect = runtime().gate.register_effect(
+        g.principal,
+        ns,
+        EffectInput(
+            chain_id=body.chain_id,
+            workflow=body.workflow,
+            target_keys=body.targets(),
+            content=body.content,
+            ttl_s=body.ttl_s,
+            strict=body.strict,
+        ),
+    )
+    log_decision(
+        "effects",
+        "registered",
+        None,
+        workflow=effect.workflow,
+        chain_id=chain.chain_id,
+        effect_id=effect.effect_id,
+        execution_mode=body.execution_mode,
+    )
     view = EffectResponse(
         effect_id=effect.effect_id,
         chain_id=chain.chain_id,
@@ -110,38 +145,66 @@ def _chain_answer(info: ChainInfo) -> Response:
     return jsonify(view.model_dump(mode="json"))
 
 
-@route(bp, "/chains/<chain_id>", "GET", tag="chains", query=ModeQuery, response=ChainResponse,
-       path_params=_CHAIN_PATH, errors=(401, 403, 404, 422, 503),
-       summary="A chain: depth, activations, drops, effects, stop state, recent activations.")
+@route(
+    bp,
+    "/chains/<chain_id>",
+    "GET",
+    tag="chains",
+    query=ModeQuery,
+    response=ChainResponse,
+    path_params=_CHAIN_PATH,
+    errors=(401, 403, 404, 422, 503),
+    summary="A chain: depth, activations, drops, effects, stop state, recent activations.",
+)
 def get_chain(chain_id: str) -> Response:
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     q = parse_query(ModeQuery)
-    return _chain_answer(runtime().gate.chain(g.principal, keys.namespace(q.execution_mode),
-                                              chain_id))
+    return _chain_answer(
+        runtime().gate.chain(g.principal, keys.namespace(q.execution_mode), chain_id)
+    )
 
 
-@route(bp, "/chains/<chain_id>/stop", "POST", tag="chains", body=StopBody,
-       response=ChainResponse, path_params=_CHAIN_PATH,
-       summary="Stop a chain (admin): every later activation and begin in it is refused.")
+@route(
+    bp,
+    "/chains/<chain_id>/stop",
+    "POST",
+    tag="chains",
+    body=StopBody,
+    response=ChainResponse,
+    path_params=_CHAIN_PATH,
+    summary="Stop a chain (admin): every later activation and begin in it is refused.",
+)
 def stop_chain(chain_id: str) -> Response:
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     body = parse_body(StopBody)
-    info = runtime().gate.stop_chain(g.principal, keys.namespace(body.execution_mode), chain_id,
-                                     body.reason, stopped=True)
-    log_decision("chains.stop", "stopped", body.reason, chain_id=chain_id,
-                 workflow=info.chain.workflow)
+    info = runtime().gate.stop_chain(
+        g.principal, keys.namespace(body.execution_mode), chain_id, body.reason, stopped=True
+    )
+    log_decision(
+        "chains.stop", "stopped", body.reason, chain_id=chain_id, workflow=info.chain.workflow
+    )
     return _chain_answer(info)
 
 
-@route(bp, "/chains/<chain_id>/resume", "POST", tag="chains", body=ResumeBody,
-       response=ChainResponse, path_params=_CHAIN_PATH, summary="Lift a chain's stop (admin).")
+@route(
+    bp,
+    "/chains/<chain_id>/resume",
+    "POST",
+    tag="chains",
+    body=ResumeBody,
+    response=ChainResponse,
+    path_params=_CHAIN_PATH,
+    summary="Lift a chain's stop (admin).",
+)
 def resume_chain(chain_id: str) -> Response:
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     body = parse_body(ResumeBody)
-    info = runtime().gate.stop_chain(g.principal, keys.namespace(body.execution_mode), chain_id,
-                                     body.reason or "", stopped=False)
-    log_decision("chains.resume", "resumed", body.reason, chain_id=chain_id,
-                 workflow=info.chain.workflow)
+    info = runtime().gate.stop_chain(
+        g.principal, keys.namespace(body.execution_mode), chain_id, body.reason or "", stopped=False
+    )
+    log_decision(
+        "chains.resume", "resumed", body.reason, chain_id=chain_id, workflow=info.chain.workflow
+    )
     return _chain_answer(info)
 
 
@@ -150,9 +213,17 @@ def _workflow_answer(workflow: str, stop: object) -> Response:
     return jsonify(view.model_dump(mode="json"))
 
 
-@route(bp, "/workflows/<workflow>", "GET", tag="chains", query=ModeQuery,
-       response=WorkflowResponse, path_params=_WF_PATH, errors=(401, 403, 422, 503),
-       summary="Whether a workflow is stopped.")
+@route(
+    bp,
+    "/workflows/<workflow>",
+    "GET",
+    tag="chains",
+    query=ModeQuery,
+    response=WorkflowResponse,
+    path_params=_WF_PATH,
+    errors=(401, 403, 422, 503),
+    summary="Whether a workflow is stopped.",
+)
 def get_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     q = parse_query(ModeQuery)
@@ -160,24 +231,41 @@ def get_workflow(workflow: str) -> Response:
     return _workflow_answer(workflow, stop)
 
 
-@route(bp, "/workflows/<workflow>/stop", "POST", tag="chains", body=StopBody,
-       response=WorkflowResponse, path_params=_WF_PATH,
-       summary="Stop a workflow (admin): activations, task admissions and begins are refused.")
+@route(
+    bp,
+    "/workflows/<workflow>/stop",
+    "POST",
+    tag="chains",
+    body=StopBody,
+    response=WorkflowResponse,
+    path_params=_WF_PATH,
+    summary="Stop a workflow (admin): activations, task admissions and begins are refused.",
+)
 def stop_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     body = parse_body(StopBody)
-    stop = runtime().gate.stop_workflow(g.principal, keys.namespace(body.execution_mode),
-                                        workflow, body.reason, stopped=True)
+    stop = runtime().gate.stop_workflow(
+        g.principal, keys.namespace(body.execution_mode), workflow, body.reason, stopped=True
+    )
     log_decision("workflows.stop", "stopped", body.reason, workflow=workflow)
     return _workflow_answer(workflow, stop)
 
 
-@route(bp, "/workflows/<workflow>/resume", "POST", tag="chains", body=ResumeBody,
-       response=WorkflowResponse, path_params=_WF_PATH, summary="Lift a workflow's stop (admin).")
+@route(
+    bp,
+    "/workflows/<workflow>/resume",
+    "POST",
+    tag="chains",
+    body=ResumeBody,
+    response=WorkflowResponse,
+    path_params=_WF_PATH,
+    summary="Lift a workflow's stop (admin).",
+)
 def resume_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     body = parse_body(ResumeBody)
-    stop = runtime().gate.stop_workflow(g.principal, keys.namespace(body.execution_mode),
-                                        workflow, body.reason or "", stopped=False)
+    stop = runtime().gate.stop_workflow(
+        g.principal, keys.namespace(body.execution_mode), workflow, body.reason or "", stopped=False
+    )
     log_decision("workflows.resume", "resumed", body.reason, workflow=workflow)
     return _workflow_answer(workflow, stop)

@@ -333,9 +333,7 @@ class ActivationOutcome:
     subject_activations_in_window: int
 
 
-def _link(
-    state: ActivationState, req: ActivationRequest, now: float
-) -> tuple[Chain, int] | None:
+def _link(state: ActivationState, req: ActivationRequest, now: float) -> tuple[Chain, int] | None:
     """The live chain this activation continues, and the depth it continues from."""
     candidates: list[tuple[Chain, int]] = []
     if req.marker is not None:
@@ -380,9 +378,9 @@ def decide_activation(
         else ()
     )
 
-    def dropped(reason: ActivationReason, depth: int | None, seen: bool = True) -> tuple[
-        ActivationChanges, ActivationOutcome
-    ]:
+    def dropped(
+        reason: ActivationReason, depth: int | None, seen: bool = True
+    ) -> tuple[ActivationChanges, ActivationOutcome]:
         new_chain = None
         if chain is not None:
             new_chain = _record(chain, req, now, ActivationDecision.DROP, reason, depth)
@@ -419,8 +417,9 @@ def decide_activation(
             return dropped(ActivationReason.CHAIN_DEPTH, depth)
         if linked.activations + 1 > limits.max_activations:
             return dropped(ActivationReason.CHAIN_BUDGET, depth)
-        return _proceed(state, req, limits, now, linked, depth, ActivationReason.REENTRY,
-                        subject_times)
+        return _proceed(
+            state, req, limits, now, linked, depth, ActivationReason.REENTRY, subject_times
+        )
     # 5. rates, a circuit breaker for loops that leave no trace
     if req.has_subject and len(subject_times) >= limits.rate_limit:
         return dropped(ActivationReason.ACTIVATION_RATE, None)
@@ -484,7 +483,7 @@ def _proceed(
     changes = ActivationChanges(
         seen=Seen(req.content_fp, now),
         chain=new_chain,
-        subject_rate=RateLog(times[-limits.rate_limit:]) if req.has_subject else None,
+        subject_rate=RateLog(times[-limits.rate_limit :]) if req.has_subject else None,
         workflow_rate=(state.workflow_rate or RateCounter()).add(
             now, limits.workflow_rate_window_s
         ),

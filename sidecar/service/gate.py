@@ -180,8 +180,14 @@ class GateService:
             marker=marker,
             has_subject=subject is not None,
         )
-        declared = [wf_stop_key, seen_key, subject_key, wf_rate_key, keys.chain(ns, fresh_chain),
-                    *related]
+        declared = [
+            wf_stop_key,
+            seen_key,
+            subject_key,
+            wf_rate_key,
+            keys.chain(ns, fresh_chain),
+            *related,
+        ]
         if own_key:
             declared.append(own_key)
         if marker is not None:
@@ -194,13 +200,11 @@ class GateService:
             if marker is not None:
                 chain_ids.add(marker.chain_id)
             chains = {
-                cid: c for cid in sorted(chain_ids)
+                cid: c
+                for cid in sorted(chain_ids)
                 if (c := Chain.from_doc(snap.get(keys.chain(ns, cid))))
             }
-            stops = {
-                cid: s for cid in chains
-                if (s := _stop(snap.get(keys.chain_stop(ns, cid))))
-            }
+            stops = {cid: s for cid in chains if (s := _stop(snap.get(keys.chain_stop(ns, cid))))}
             seen_doc = snap.get(seen_key)
             subj_doc = snap.get(subject_key)
             rate_doc = snap.get(wf_rate_key)
@@ -264,7 +268,9 @@ class GateService:
             declared.append(keys.chain(ns, body.chain_id))
 
         def decide(snap: Snapshot) -> Plan[tuple[Chain, Effect]]:
-            chain = Chain.from_doc(snap.get(keys.chain(ns, body.chain_id))) if body.chain_id else None
+            chain = (
+                Chain.from_doc(snap.get(keys.chain(ns, body.chain_id))) if body.chain_id else None
+            )
             workflow = body.workflow or (chain.workflow if chain else None)
             principal.require(workflow)
             assert workflow is not None
@@ -365,4 +371,3 @@ class GateService:
             return Plan(stop, {key: Write(asdict(stop))})
 
         return self.store.transact([key], decide)
-
