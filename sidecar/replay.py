@@ -39,6 +39,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,10 @@ def run(scenario: Scenario, store_url: str | None = None) -> Iterator[StepResult
                     yield StepResult(i, step, None, None, [f"no saved value {exc}"])
         finally:
             app.extensions["loopstop"].store.close()
+
+
+def _post(app: Flask, path: str, body: Any, _: int) -> Any:
+    return app.test_client().post(path, json=body)
 
 
 def _request(
