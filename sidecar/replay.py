@@ -39,8 +39,8 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -212,9 +212,7 @@ def _request(
             path = substitute(step.post, saved)
             copies = step.concurrent or 1
             with ThreadPoolExecutor(copies) as pool:
-                answers += list(
-                    pool.map(lambda _: app.test_client().post(path, json=body), range(copies))
-                )
+                answers += list(pool.map(partial(_post, app, path, body), range(copies)))
         else:
             answers.append(app.test_client().get(substitute(step.get or "", saved)))
     resp = answers[-1]
