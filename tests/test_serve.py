@@ -186,3 +186,60 @@ def test_serve_refuses_bad_config_file(tmp_path: Path) -> None:
     out = run_cli("serve", cwd=tmp_path, env={"LOOPSTOP_CONFIG": str(cfg)})
     assert out.returncode == 2 and "limits.max_tool_calls" in out.stderr
     assert not (tmp_path / "loopstop.db").exists()
+
+
+def test_ten_concurrent_deliveries_across_workers_one_proceed(served: Sidecar) -> None:
+    """A provider re-sends a slow webhook while the first execution still runs."""
+    headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
+    item = {
+        "headers": {"x-delivery": "1"},
+        "params": {},
+        "query": {},
+        "body": {"id": "evt_77", "type": "order.updated"},
+    }
+    barrier = threading.Barrier(10)
+
+    def deliver(i: int) -> str:
+        event = {**item, "headers": {"x-delivery": str(i)}}
+        with requests.Session() as session:
+            barrier.wait()
+            r = session.post(
+                f"{served.base}/v1/activations",
+                headers=headers,
+                timeout=30,
+                json={"workflow": "wf-shop", "event_key": "evt_77", "event": event},
+            )
+            assert r.status_code == 200, r.text
+            return f"{r.json()['decision']}/{r.json()['reason']}"
+
+    with ThreadPoolExecutor(10) as pool:
+        got = Counter(pool.map(deliver, range(10)))
+    print(f"10 concurrent deliveries: {dict(got)}")
+    assert got == Counter({"proceed/new_chain": 1, "drop/duplicate_event": 9})
+
+
+def test_ten_copies_of_120_events_give_exactly_120_proceeds(served: Sidecar) -> None:
+    """The bar n8n's Remove Duplicates node sets: 752 side effects for 120 events."""
+    headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
+    jobs = [(e, c) for e in range(120) for c in range(10)]
+
+    def deliver(job: tuple[int, int]) -> str:
+        event, _copy = job
+        r = requests.post(
+            f"{served.base}/v1/activations",
+            headers=headers,
+            timeout=30,
+            json={
+                "workflow": "wf-dedupe",
+                "event_key": f"evt-{event}",
+                "subject_key": f"customer-{event}",
+                "content": {"id": event, "kind": "order"},
+            },
+        )
+        assert r.status_code == 200, r.text
+        return str(r.json()["decision"])
+
+    with ThreadPoolExecutor(32) as pool:
+        got = Counter(pool.map(deliver, jobs))
+    print(f"10 copies of 120 events: {dict(got)}")
+    assert got == Counter({"proceed": 120, "drop": 1080})

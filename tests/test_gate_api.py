@@ -1,0 +1,211 @@
+"""Activations, effects, chains and stops through the HTTP API, on both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, Clock
+
+ACT = "/v1/activations"
+
+
+def activate(api: Api, token: str = "default", **body: Any) -> dict[str, Any]:
+    status, out = api.post(ACT, {"workflow": "wf-sheets", **body}, token=token)
+    assert status == 200, out
+    return dict(out)
+
+
+def test_proceed_gives_a_marker_that_continues_the_chain(api: Api) -> None:
+    first = activate(api, event_key="row:1", content={"a": 1})
+    assert first["marker"].startswith(f"ls1.{first['chain_id']}.0.")
+    hop = activate(api, event_key="row:2", event={"cell": f"  {first['marker']}  "})
+    assert (hop["reason"], hop["depth"], hop["chain_id"]) == ("reentry", 1, first["chain_id"])
+    assert hop["marker"].startswith(f"ls1.{first['chain_id']}.1.")
+
+
+def test_marker_found_in_header_lines_any_case(api: Api) -> None:
+    first = activate(api, event_key="m1", content={"a": 1})
+    line = "X-Loopstop-Chain: " + first["marker"].upper()
+    hop = activate(api, event_key="m2", event={"headers": {"x-loopstop-chain": line}})
+    assert hop["reason"] == "reentry" and hop["invalid_markers"] == 0
+
+
+def test_forged_and_truncated_markers_are_ignored_and_counted(api: Api) -> None:
+    real = activate(api, event_key="r1", content={"a": 1})["marker"]
+    chain_id = real.split(".")[1]
+    forged = f"ls1.{chain_id}.0.{'0' * 32}"
+    truncated = real[:-5]
+    out = activate(api, event_key="r2", event={"x": forged, "y": f"see {truncated}"})
+    assert out["reason"] == "new_chain" and out["depth"] == 0
+    assert out["invalid_markers"] == 2
+    out = activate(api, event_key="r3", content={"b": 1}, marker="ls1.bogus")
+    assert out["reason"] == "new_chain" and out["invalid_markers"] == 1
+
+
+def test_marker_of_an_expired_chain_counts_as_none(api: Api, clock: Clock) -> None:
+    first = activate(api, event_key="e1", content={"a": 1})
+    clock.advance(86_400)
+    out = activate(api, event_key="e2", content={"a": 2}, marker=first["marker"])
+    assert out["reason"] == "new_chain" and out["chain_id"] != first["chain_id"]
+
+
+def test_marker_signed_with_another_secret_is_not_trusted(make_app: Any) -> None:
+    a = Api(make_app().test_client())
+    b = Api(make_app(environ={"LOOPSTOP_SECRET": "a-completely-different-secret"}).test_client())
+    marker = activate(a, event_key="x", content={"a": 1})["marker"]
+    out = activate(b, event_key="y", content={"a": 2}, marker=marker)
+    assert out["reason"] == "new_chain" and out["invalid_markers"] == 1
+
+
+def test_webhook_item_counts_by_its_body(api: Api) -> None:
+    item = {
+        "headers": {"x-shop-delivery-id": "d1"},
+        "params": {},
+        "query": {},
+        "body": {"id": "evt-1", "v": 1},
+    }
+    assert activate(api, event_key="evt-1", event=item)["decision"] == "proceed"
+    again = {**item, "headers": {"x-shop-delivery-id": "d2", "x-shop-delivery-attempt": "2"}}
+    assert activate(api, event_key="evt-1", event=again)["reason"] == "duplicate_event"
+
+
+def test_effect_echo_and_replacement(api: Api) -> None:
+    first = activate(api, event_key="row:5", content={"status": ""})
+    status, eff = api.post(
+        "/v1/effects",
+        {
+            "chain_id": first["chain_id"],
+            "target_key": "row:5",
+            "content": {"status": "done", "score": 0},
+        },
+    )
+    assert status == 200 and eff["workflow"] == "wf-sheets" and eff["depth"] == 0
+    assert (
+        activate(api, event_key="row:5", content={"status": "done", "score": ""})["reason"]
+        == "echo"
+    )
+    api.post(
+        "/v1/effects",
+        {"workflow": "wf-sheets", "target_keys": ["row:5"], "content": {"status": "archived"}},
+    )
+    assert activate(api, event_key="row:5", content={"status": "archived"})["reason"] == "echo"
+    out = activate(api, event_key="row:5", content={"status": "done", "score": ""})
+    assert out["reason"] == "external_change"
+
+
+def test_effect_bad_input(api: Api) -> None:
+    for body, loc in (
+        ({"workflow": "wf", "content": {}}, ["body"]),
+        ({"target_key": "k", "content": {}}, ["body", "workflow"]),
+        ({"workflow": "wf", "target_key": "k", "content": [1]}, ["body", "content"]),
+        (
+            {"workflow": "wf", "target_key": "k", "content": {}, "chain_id": "nope"},
+            ["body", "chain_id"],
+        ),
+        (
+            {"workflow": "wf", "target_keys": [f"k{i}" for i in range(21)], "content": {}},
+            ["body", "target_keys"],
+        ),
+    ):
+        status, out = api.post("/v1/effects", body)
+        assert status == 422, out
+        assert loc in [e["loc"] for e in out["errors"]], out
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"marker": "ls1." + "a" * 10_000}, ["body", "marker"]),
+        ({"content": [1, 2]}, ["body", "content"]),
+        ({"content": "text"}, ["body", "content"]),
+        ({"event": [1]}, ["body", "event"]),
+        ({"related_keys": [f"<m{i}>" for i in range(101)]}, ["body", "related_keys"]),
+        ({"event_key": "x" * 1001}, ["body", "event_key"]),
+        ({"workflow": None}, ["body", "workflow"]),
+        ({"subject": "typo"}, ["body", "subject"]),
+    ],
+)
+def test_activation_bad_input(api: Api, body: dict[str, Any], loc: list[Any]) -> None:
+    status, out = api.post(ACT, {"workflow": "wf-sheets", **body})
+    assert status == 422 and out["type"].endswith("validation-failed")
+    assert loc in [e["loc"] for e in out["errors"]], out
+
+
+def test_event_nested_200_levels_is_422_and_changes_nothing(api: Api) -> None:
+    deep: Any = "leaf"
+    for _ in range(200):
+        deep = {"n": deep}
+    status, out = api.post(ACT, {"workflow": "wf-sheets", "event_key": "deep", "event": deep})
+    assert status == 422 and out["errors"][0]["loc"][:3] == ["body", "event", "n"]
+    assert "nested deeper" in out["errors"][0]["msg"]
+    assert activate(api, event_key="deep", content={})["reason"] == "new_chain"
+
+
+def test_related_keys_accept_one_string(api: Api) -> None:
+    first = activate(api, event_key="<in@x>", content={})
+    api.post(
+        "/v1/effects",
+        {"chain_id": first["chain_id"], "target_key": "<ours@example.com>", "content": {}},
+    )
+    out = activate(api, event_key="<reply@x>", related_keys="<ours@example.com>", content={})
+    assert (out["reason"], out["depth"]) == ("reentry", 1)
+
+
+def test_scopes_and_admin_only_stops(api: Api) -> None:
+    mine = activate(api, token=SCOPED_TOKEN, event_key="s1", content={})
+    other = activate(api, workflow="wf-crm", event_key="c1", content={})
+    scoped = Api(api.client, SCOPED_TOKEN)
+    assert scoped.get(f"/v1/chains/{mine['chain_id']}")[0] == 200
+    assert scoped.get(f"/v1/chains/{other['chain_id']}")[0] == 403
+    assert scoped.post(ACT, {"workflow": "wf-crm", "content": {}})[0] == 403
+    assert (
+        scoped.post(
+            "/v1/effects", {"chain_id": other["chain_id"], "target_key": "k", "content": {}}
+        )[0]
+        == 403
+    )
+    for path in (f"/v1/chains/{mine['chain_id']}/stop", "/v1/workflows/wf-sheets/stop"):
+        status, out = scoped.post(path, {"reason": "x"})
+        assert status == 403 and out["type"].endswith("forbidden")
+        assert api.post(path, {"reason": "x"})[0] == 403  # the n8n token is not admin
+        assert api.post(path, {"reason": "x"}, token=ADMIN_TOKEN)[0] == 200
+    assert scoped.get("/v1/workflows/wf-crm")[0] == 403
+    assert scoped.get("/v1/workflows/wf-sheets")[1]["stopped"]["actor"] == "operator"
+
+
+def test_chain_view_and_errors(api: Api) -> None:
+    first = activate(api, event_key="v1", content={"a": 1})
+    activate(api, event_key="v1", content={"a": 1})  # duplicate, not in a chain
+    status, out = api.get(f"/v1/chains/{first['chain_id']}")
+    chain = out["chain"]
+    assert status == 200 and chain["activations"] == 1 and chain["alive"] is True
+    assert chain["recent"][0]["reason"] == "new_chain" and chain["stopped"] is None
+    assert api.get("/v1/chains/c00000000000000000000")[0] == 404
+    assert api.get("/v1/chains/not-a-chain")[0] == 422
+    assert (
+        api.post("/v1/chains/c00000000000000000000/stop", {"reason": "x"}, token=ADMIN_TOKEN)[0]
+        == 404
+    )
+    assert api.post("/v1/workflows/wf/stop", {}, token=ADMIN_TOKEN)[0] == 422
+
+
+def test_stop_is_sticky_and_idempotent(api: Api, clock: Clock) -> None:
+    status, first = api.post("/v1/workflows/wf-sheets/stop", {"reason": "loop"}, token=ADMIN_TOKEN)
+    clock.advance(10)
+    status, again = api.post("/v1/workflows/wf-sheets/stop", {"reason": "again"}, token=ADMIN_TOKEN)
+    assert again["stopped"] == first["stopped"]
+    clock.advance(30 * 86_400)
+    assert activate(api, event_key="z", content={})["reason"] == "stopped"
+    api.post("/v1/workflows/wf-sheets/resume", {}, token=ADMIN_TOKEN)
+    assert activate(api, event_key="z", content={})["reason"] == "new_chain"
+
+
+def test_test_mode_activations_are_separate(api: Api) -> None:
+    activate(api, event_key="t1", content={"a": 1}, execution_mode="test")
+    assert (
+        activate(api, event_key="t1", content={"a": 1}, execution_mode="test")["reason"]
+        == "duplicate_event"
+    )
+    assert activate(api, event_key="t1", content={"a": 1})["reason"] == "new_chain"
