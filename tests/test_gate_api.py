@@ -195,7 +195,7 @@ def test_stop_is_sticky_and_idempotent(api: Api, clock: Clock) -> None:
     status, first = api.post("/v1/workflows/wf-sheets/stop", {"reason": "loop"}, token=ADMIN_TOKEN)
     clock.advance(10)
     status, again = api.post("/v1/workflows/wf-sheets/stop", {"reason": "again"}, token=ADMIN_TOKEN)
-    assert again["stopped"] == first["stopped"]
+    assert status == 200 and again["stopped"] == first["stopped"]
     clock.advance(30 * 86_400)
     assert activate(api, event_key="z", content={})["reason"] == "stopped"
     api.post("/v1/workflows/wf-sheets/resume", {}, token=ADMIN_TOKEN)
