@@ -32,11 +32,16 @@ def _print_problems(exc: ConfigError) -> None:
         click.echo(f"  {path or '(config)'}: {msg}", err=True)
 
 
-def _bind_host(bind: str) -> str | None:
-    """The host of a gunicorn bind (``HOST:PORT``, ``[::1]:PORT``); None for unix sockets."""
+def _bind_host(bind: str, strict: bool = False) -> str | None:
+    """The host of a gunicorn bind (``HOST:PORT``, ``[::1]:PORT``); None for unix sockets.
+
+    :raises ConfigError: with ``strict``, when the port is not a number.
+    """
     if bind.startswith(("unix:", "fd://")):
         return None
-    host, _, _port = bind.rpartition(":")
+    host, _, port = bind.rpartition(":")
+    if strict and not port.isdigit():
+        raise ConfigError([("LOOPSTOP_BIND", f"{bind!r} is not HOST:PORT")])
     return host or "0.0.0.0"
 
 
@@ -66,6 +71,13 @@ def check_binds(settings: Settings, binds: list[str]) -> None:
 def main() -> None:
     """loopstop: a sidecar for n8n that makes automation loops stop."""
     level = os.environ.get("LOOPSTOP_LOG_LEVEL", "INFO").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        click.echo(
+            f"loopstop: LOOPSTOP_LOG_LEVEL={level!r} is not one of DEBUG, INFO, "
+            "WARNING, ERROR, CRITICAL",
+            err=True,
+        )
+        sys.exit(2)
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
     )
@@ -85,7 +97,11 @@ def check_config() -> None:
         settings = load_settings()
         from sidecar.app import secret_file_for
         from sidecar.canonical import build_fingerprinter
+        from sidecar.store import check_store_url
 
+        check_store_url(settings.store)
+        if os.environ.get("LOOPSTOP_BIND"):
+            _bind_host(os.environ["LOOPSTOP_BIND"], strict=True)
         if os.environ.get("LOOPSTOP_SECRET") or secret_file_for(settings.store) is None:
             build_fingerprinter(os.environ, None)
     except ConfigError as exc:
@@ -94,10 +110,10 @@ def check_config() -> None:
     except ValueError as exc:
         _print_problems(ConfigError([("LOOPSTOP_SECRET", str(exc))]))
         sys.exit(1)
+    auth = f"{len(settings.tokens)} token(s)" if settings.tokens else "no tokens (loopback only)"
     click.echo(
-        f"configuration ok ({path or 'no file: defaults'}); store {settings.store}; "
-        f"{len(settings.tokens)} token(s); {len(settings.checks)} check(s); "
-        f"{len(settings.policies)} polic(ies)"
+        f"configuration ok ({path or 'no file, defaults'}); "
+        f"store {_redacted_store(settings.store)}; {auth}"
     )
 
 
@@ -135,6 +151,8 @@ def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) ->
     """Run the sidecar under gunicorn."""
     bind_list = list(binds) or [os.environ.get("LOOPSTOP_BIND", DEFAULT_BIND)]
     try:
+        for bind in bind_list:
+            _bind_host(bind, strict=True)
         settings = load_settings()
         check_binds(settings, bind_list)
         from sidecar.app import create_app
@@ -198,7 +216,8 @@ class _Gunicorn(_gunicorn_base()):  # type: ignore[misc]
 
     def load_config(self) -> None:
         for key, value in self.options.items():
-            self.cfg.set(key, value)
+            if key in self.cfg.settings:  # settings newer gunicorns added are optional
+                self.cfg.set(key, value)
 
     def load(self) -> Any:
         from sidecar.app import create_app
@@ -223,7 +242,9 @@ def replay(files: tuple[str, ...], store_url: str | None, verbose: bool) -> None
 
     from sidecar import replay as replayer
 
-    failed = 0
+    if not verbose:
+        logging.getLogger("loopstop.decisions").setLevel(logging.WARNING)
+    failed = steps = 0
     for name in files:
         try:
             scenario = replayer.load(Path(name))
@@ -248,4 +269,6 @@ def replay(files: tuple[str, ...], store_url: str | None, verbose: bool) -> None
             for problem in result.mismatches:
                 click.echo(f"       {problem}")
             failed += not result.ok
+            steps += 1
+    click.echo(f"{steps - failed} steps ok, {failed} failed")
     sys.exit(1 if failed else 0)

@@ -27,6 +27,8 @@ from sidecar.errors import ConfigError
 
 DEFAULT_STORE_URL = "sqlite:///./loopstop.db"
 DEFAULT_CONFIG_PATH = "./loopstop.yaml"
+#: The shortest token value accepted (a guessable token is no authentication).
+MIN_TOKEN_CHARS = 16
 
 
 class _Section(BaseModel):
@@ -38,11 +40,14 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 
 
 class TokenConfig(_Section):
-    """A bearer token: its name (logged), the variable holding its value, its scope."""
+    """A bearer token: its name (logged), the variable holding its value, its scope.
+
+    ``workflows`` is required (``["*"]`` for all): a scope is never implied.
+    """
 
     name: Annotated[str, Field(min_length=1, max_length=100)]
     env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    workflows: Annotated[list[str], Field(min_length=1)] = ["*"]
+    workflows: Annotated[list[str], Field(min_length=1)]
     admin: bool = False
 
 
@@ -295,7 +300,8 @@ def read_config_file(environ: Mapping[str, str]) -> tuple[dict[str, Any], str | 
             raise ConfigError([("LOOPSTOP_CONFIG", f"file {path} does not exist")])
         return {}, None
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        with path.open() as fh:
+            data = yaml.safe_load(fh) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError([(str(path), f"cannot read YAML: {exc}")]) from exc
     if not isinstance(data, dict):
@@ -320,8 +326,13 @@ def load_settings(
     settings = Settings.from_mapping(raw)
     missing = [
         (f"tokens.{i}.env", f"environment variable {t.env} is not set (token {t.name!r})")
-        for i, t in enumerate(settings.tokens)
         if not env.get(t.env)
+        else (
+            f"tokens.{i}.env",
+            f"the value of {t.env} is shorter than {MIN_TOKEN_CHARS} characters (token {t.name!r})",
+        )
+        for i, t in enumerate(settings.tokens)
+        if len(env.get(t.env, "").strip()) < MIN_TOKEN_CHARS
     ]
     if missing:
         raise ConfigError(missing)

@@ -85,7 +85,7 @@ def test_every_error_has_its_path() -> None:
         Settings.from_mapping(
             {
                 "limits": {"max_tool_calls": 0, "max_toll_calls": 3},
-                "tokens": [{"name": "x"}],
+                "tokens": [{"name": "x", "workflows": ["*"]}],
                 "tools": {"t": {"check": "nope"}},
             }
         )
@@ -105,11 +105,22 @@ def test_cross_references_are_checked() -> None:
     assert paths == {"tools.t.check", "checks.both.of.0"}
 
 
-def test_token_variable_must_be_set() -> None:
+def test_token_variable_must_be_set_and_long_enough() -> None:
+    tokens = [
+        {"name": "n8n", "env": "NOPE_TOKEN", "workflows": ["*"]},
+        {"name": "short", "env": "SHORT_TOKEN", "workflows": ["*"]},
+    ]
     with pytest.raises(ConfigError) as info:
-        load_settings({"tokens": [{"name": "n8n", "env": "NOPE_TOKEN"}]}, {})
-    assert info.value.problems[0][0] == "tokens.0.env"
+        load_settings({"tokens": tokens}, {"SHORT_TOKEN": "abc"})
+    assert [p for p, _ in info.value.problems] == ["tokens.0.env", "tokens.1.env"]
     assert "NOPE_TOKEN" in info.value.problems[0][1]
+    assert "shorter than 16" in info.value.problems[1][1]
+
+
+def test_token_scope_is_never_implied() -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_mapping({"tokens": [{"name": "n8n", "env": "T"}]})
+    assert info.value.problems[0][0] == "tokens.0.workflows"
 
 
 def test_store_url_from_environment_wins(tmp_path: Path) -> None:
@@ -124,11 +135,21 @@ def test_check_config_ok_and_errors(tmp_path: Path) -> None:
     assert "configuration ok" in out.stdout
     (tmp_path / "bad.yaml").write_text(
         "limits: {max_idle: 0}\nchains: {workflows: {wf: {max_dept: 2}}}\n"
-        "tokens: [{name: a, env: MISSING_VAR}]\n"
+        "tokens: [{name: a, env: MISSING_VAR, workflows: ['*']}]\n"
     )
     out = cli("check-config", cwd=tmp_path, env={"LOOPSTOP_CONFIG": "bad.yaml"})
     assert out.returncode == 1
     assert "limits.max_idle" in out.stderr and "chains.workflows.wf.max_dept" in out.stderr
+    for env, says in (
+        ({"LOOPSTOP_STORE": "postgres://x"}, "unknown store scheme"),
+        ({"LOOPSTOP_STORE": "sqlite://two-slashes.db"}, "three or four slashes"),
+        ({"LOOPSTOP_STORE": "sqlite:///x.db?busy_timeout_s=abc"}, "positive number"),
+        ({"LOOPSTOP_BIND": "nonsense"}, "LOOPSTOP_BIND"),
+        ({"LOOPSTOP_LOG_LEVEL": "CHATTY"}, "LOOPSTOP_LOG_LEVEL"),
+    ):
+        out = cli("check-config", cwd=tmp_path, env=env)
+        assert out.returncode in (1, 2) and says in out.stderr, (env, out.stderr)
+        assert "Traceback" not in out.stderr
     out = cli("check-config", cwd=tmp_path, env={"LOOPSTOP_CONFIG": "missing.yaml"})
     assert out.returncode == 1 and "does not exist" in out.stderr
     (tmp_path / "notyaml.yaml").write_text("limits: [unclosed\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, g, jsonify
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from sidecar.errors import PROBLEM_TYPE_PREFIX, LoopstopError, PayloadTooLarge, StoreUnavailable
@@ -65,7 +65,11 @@ def register(app: Flask, render_extra: Any) -> None:
             exc413 = PayloadTooLarge("the body exceeds the configured limit")
             return problem(413, exc413.slug, exc413.title, exc413.detail)
         slug = _SLUGS.get(status, f"http-{status}")
-        resp = problem(status, slug, exc.name, exc.description or exc.name)
+        detail = {
+            404: f"no route {request.path}",
+            405: f"{request.method} is not allowed on {request.path}",
+        }.get(status, exc.description or exc.name)
+        resp = problem(status, slug, exc.name.capitalize(), detail)
         if status == 405 and exc.get_response().headers.get("Allow"):
             resp.headers["Allow"] = exc.get_response().headers["Allow"]
         return resp

@@ -24,6 +24,7 @@ __all__ = [
     "Snapshot",
     "Store",
     "Write",
+    "check_store_url",
     "sqlite_path",
     "store_from_url",
 ]
@@ -42,6 +43,43 @@ def sqlite_path(url: str) -> Path | None:
     return Path(path or "loopstop.db")
 
 
+def check_store_url(url: str) -> None:
+    """Validate a store URL without opening anything.
+
+    :raises ConfigError: an unknown scheme, a malformed SQLite URL or an
+        unknown or malformed parameter.
+    """
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    if parsed.scheme == "sqlite":
+        if parsed.netloc:
+            raise ConfigError(
+                [
+                    (
+                        "store",
+                        f"{url!r}: write sqlite:///relative/path.db or "
+                        "sqlite:////absolute/path.db (three or four slashes)",
+                    )
+                ]
+            )
+        allowed = {"busy_timeout_s"}
+    elif parsed.scheme in ("redis", "rediss"):
+        allowed = {"socket_timeout_s", "connect_timeout_s"}
+    else:
+        raise ConfigError(
+            [("store", f"unknown store scheme {parsed.scheme!r}: use sqlite:/// or redis://")]
+        )
+    unknown = set(query) - allowed
+    if unknown:
+        raise ConfigError([("store", f"unknown {parsed.scheme} parameter(s): {sorted(unknown)}")])
+    for name, values in query.items():
+        try:
+            if float(values[-1]) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError([("store", f"{name} must be a positive number")]) from None
+
+
 def store_from_url(url: str) -> Store:
     """Open the store a URL names.
 
@@ -50,28 +88,15 @@ def store_from_url(url: str) -> Store:
     :raises ConfigError: for an unknown scheme or a bad parameter.
     :raises StoreUnavailable: when a SQLite file cannot be opened.
     """
+    check_store_url(url)
     parsed = urlparse(url)
-    query = parse_qs(parsed.query)
     if parsed.scheme == "sqlite":
         from sidecar.store.sqlite import SQLiteStore
 
         path = sqlite_path(url)
         assert path is not None
-        unknown = set(query) - {"busy_timeout_s"}
-        if unknown:
-            raise ConfigError([("store", f"unknown sqlite parameter(s): {sorted(unknown)}")])
-        try:
-            busy = float(query.get("busy_timeout_s", ["5"])[0])
-        except ValueError as exc:
-            raise ConfigError([("store", "busy_timeout_s must be a number")]) from exc
+        busy = float(parse_qs(parsed.query).get("busy_timeout_s", ["5"])[-1])
         return SQLiteStore(path, busy_timeout_s=busy)
-    if parsed.scheme in ("redis", "rediss"):
-        from sidecar.store.redis import RedisStore
+    from sidecar.store.redis import RedisStore
 
-        unknown = set(query) - {"socket_timeout_s", "connect_timeout_s"}
-        if unknown:
-            raise ConfigError([("store", f"unknown redis parameter(s): {sorted(unknown)}")])
-        return RedisStore(url)
-    raise ConfigError(
-        [("store", f"unknown store scheme {parsed.scheme!r}: use sqlite:/// or redis://")]
-    )
+    return RedisStore(url)
