@@ -74,7 +74,9 @@ def create_app(
     clock = clock or time.time
 
     app = Flask("sidecar")
-    app.config["MAX_CONTENT_LENGTH"] = settings.http.max_body_bytes
+    # The body limit is enforced by sidecar.api.body for Content-Length and
+    # chunked bodies alike (werkzeug's own limit truncates chunked bodies).
+    app.config["LOOPSTOP_MAX_BODY_BYTES"] = settings.http.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["loopstop"] = Runtime(
         settings=settings,

@@ -38,9 +38,17 @@ class Principal:
             return True
         return workflow is not None and workflow in self.workflows
 
-    def require(self, workflow: str | None) -> None:
-        """:raises Forbidden: when the scope does not cover ``workflow``."""
+    def require(self, workflow: str | None, *, of_record: bool = False) -> None:
+        """:raises Forbidden: when the scope does not cover ``workflow``.
+
+        :param of_record: the workflow is an existing record's: the answer
+            does not name it (a scoped token learns nothing about others).
+        """
         if not self.allows(workflow):
+            if of_record:
+                raise Forbidden(
+                    f"the record belongs to a workflow outside token {self.name!r}'s scope"
+                )
             if workflow is None:
                 raise Forbidden(
                     f"token {self.name!r} is limited to named workflows: the request must "

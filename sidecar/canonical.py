@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import math
 import os
 import secrets
 from collections.abc import Iterable, Mapping
@@ -41,7 +40,12 @@ def _to_js_numbers(value: Any) -> Any:
     if isinstance(value, bool):
         return value
     if isinstance(value, int):
-        return value if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER else float(value)
+        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError("integer out of the range of a double") from None
     if isinstance(value, dict):
         return {k: _to_js_numbers(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -62,23 +66,6 @@ def canonical_json(value: Any) -> bytes:
         return rfc8785.dumps(_to_js_numbers(value))
     except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
         raise ValueError(str(exc)) from exc
-
-
-def find_non_finite(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
-    """Return the path of the first NaN/Infinity float in ``value``, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return path
-    if isinstance(value, dict):
-        for k, v in value.items():
-            found = find_non_finite(v, (*path, k))
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found = find_non_finite(v, (*path, i))
-            if found is not None:
-                return found
-    return None
 
 
 @dataclass(frozen=True)

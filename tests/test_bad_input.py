@@ -240,3 +240,73 @@ def test_big_integers_fingerprint_like_javascript(seeded: tuple[Api, Any]) -> No
         content_type="application/json",
     )
     assert r.get_json()["decision"] == "in_progress"
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "loc"),
+    [
+        (b'{"payload": 1' + b"0" * 400 + b"}", 422, ["body", "payload"]),
+        (b'{"payload": {"k": "\\ud800"}}', 422, ["body", "payload", "k"]),
+        (b'{"payload": {"\\udc00": 1}}', 422, ["body", "payload"]),
+        (b'{"payload": 1, "workflow": "wf\\u0000x"}', 422, ["body", "workflow"]),
+    ],
+)
+def test_values_no_json_peer_could_read_are_refused(
+    seeded: tuple[Api, Any], store_url: str, raw: bytes, status: int, loc: list[Any] | None
+) -> None:
+    api, before = seeded
+    r = api.client.post(
+        "/v1/operations/fresh/begin", headers=AUTH, data=raw, content_type="application/json"
+    )
+    assert r.status_code == status, r.get_json()
+    assert r.mimetype == "application/problem+json"
+    if loc is not None:
+        assert loc in [e["loc"] for e in r.get_json()["errors"]]
+    assert dump(store_url) == before
+
+
+def test_unreadable_receipt_is_refused_so_a_repeated_commit_still_works(
+    seeded: tuple[Api, Any],
+) -> None:
+    api, _ = seeded
+    for receipt in (b'"\\ud800"', b"1" + b"0" * 400):
+        r = api.client.post(
+            "/v1/operations/order-1/commit",
+            headers=AUTH,
+            data=b'{"attempt": 1, "receipt": ' + receipt + b"}",
+            content_type="application/json",
+        )
+        assert r.status_code == 422
+    for _ in range(2):
+        status, body = api.post("/v1/operations/order-1/commit", {"attempt": 1, "receipt": "ok"})
+        assert status == 200 and body["operation"]["receipt"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "cursor", ["[1" + "0" * 400 + ', "x"]', '[NaN, "x"]', '[1, "\\ud800"]', "[1, 2]", '"x"']
+)
+def test_forged_cursors_are_422(seeded: tuple[Api, Any], cursor: str) -> None:
+    import base64
+
+    api, _ = seeded
+    token = base64.urlsafe_b64encode(cursor.encode()).decode().rstrip("=")
+    status, body = api.get("/v1/operations", cursor=token)
+    assert status == 422 and body["errors"][0]["loc"] == ["query", "cursor"]
+
+
+@pytest.mark.parametrize("op_id", [".", ".."])
+def test_dot_ids_are_refused(seeded: tuple[Api, Any], op_id: str) -> None:
+    api, _ = seeded
+    r = api.client.post(f"/v1/operations/{op_id}/begin", headers=AUTH, json={"payload": 1})
+    assert r.status_code in (404, 422)
+
+
+def test_integer_past_the_parsers_digit_limit_is_400(make_app: AppFactory) -> None:
+    api = Api(make_app().test_client())
+    r = api.client.post(
+        "/v1/operations/o/commit",
+        headers=AUTH,
+        data=b'{"attempt": 1' + b"0" * 5000 + b', "receipt": 1}',
+        content_type="application/json",
+    )
+    assert r.status_code == 400 and r.mimetype == "application/problem+json"

@@ -56,9 +56,11 @@ def test_other_workflow_same_payload_is_conflict() -> None:
     assert new is None and out.reason is BeginReason.WORKFLOW_MISMATCH
 
 
-def test_no_workflow_on_retry_acts_for_the_record() -> None:
-    new, out = core.begin(started(), req(workflow=None), POLICY, NOW + 1)
-    assert new is None and out.decision is BeginDecision.IN_PROGRESS
+def test_workflow_is_part_of_the_operation() -> None:
+    """A begin naming no workflow never replays a record made for one (no planted receipts)."""
+    op, _ = core.commit(started(), "op-1", 1, "r", None, NOW)
+    new, out = core.begin(op, req(workflow=None), POLICY, NOW + 1)
+    assert new is None and out.reason is BeginReason.WORKFLOW_MISMATCH
 
 
 def test_live_lease_is_in_progress_and_changes_nothing() -> None:

@@ -134,7 +134,7 @@ def test_reconcile_records_evidence_and_actor(api: Api) -> None:
     rec = body["operation"]["reconciliation"]
     assert rec["actor"] == "operator" and rec["outcome"] == "committed"
     assert rec["evidence"] == {"lookup": "GET /deals?ref=o", "found": 1}
-    assert api.begin("o")["decision"] == "replay"
+    assert api.begin("o", workflow="wf-crm")["decision"] == "replay"
 
 
 def test_reconcile_needs_evidence_and_refuses_live_lease(api: Api) -> None:
@@ -232,8 +232,17 @@ def test_reconcile_by_scoped_token_of_the_operations_workflow(api: Api) -> None:
 
 def test_other_workflow_with_star_token_is_conflict(api: Api) -> None:
     api.begin("o", {"a": 1}, workflow="wf-a")
-    out = api.begin("o", {"a": 1}, workflow="wf-b")
-    assert (out["decision"], out["reason"]) == ("conflict", "workflow_mismatch")
+    commit(api, "o", 1, "r-a")
+    for other in ({"workflow": "wf-b"}, {}):
+        out = api.begin("o", {"a": 1}, **other)
+        assert (out["decision"], out["reason"]) == ("conflict", "workflow_mismatch")
+    assert api.begin("o", {"a": 1}, workflow="wf-a")["decision"] == "replay"
+
+
+def test_forbidden_record_does_not_name_its_workflow(api: Api) -> None:
+    api.begin("payroll-run", workflow="payroll-secret")
+    status, body = Api(api.client, SCOPED_TOKEN).get(f"{OP}/payroll-run")
+    assert status == 403 and "payroll-secret" not in body["detail"]
 
 
 def test_whoami_per_token(api: Api) -> None:

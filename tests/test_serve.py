@@ -243,3 +243,30 @@ def test_ten_copies_of_120_events_give_exactly_120_proceeds(served: Sidecar) -> 
         got = Counter(pool.map(deliver, jobs))
     print(f"10 copies of 120 events: {dict(got)}")
     assert got == Counter({"proceed": 120, "drop": 1080})
+
+
+def test_chunked_body_over_the_limit_is_413_not_truncated(served: Sidecar) -> None:
+    headers = {"Authorization": f"Bearer {N8N_TOKEN}", "Content-Type": "application/json"}
+    valid = b'{"payload": "' + b"x" * (262_144 - 16) + b'"}'
+    assert len(valid) == 262_144 - 16 + 15
+
+    def chunks(data: bytes) -> Iterator[bytes]:
+        for i in range(0, len(data), 8192):
+            yield data[i : i + 8192]
+
+    r = requests.post(
+        f"{served.base}/v1/operations/chunk-1/begin",
+        headers=headers,
+        data=chunks(valid + b" " * 5000),
+        timeout=30,
+    )
+    assert r.status_code == 413 and r.headers["Content-Type"] == "application/problem+json"
+    r = requests.get(f"{served.base}/v1/operations/chunk-1", headers=headers, timeout=5)
+    assert r.status_code == 404
+    r = requests.post(
+        f"{served.base}/v1/operations/chunk-2/begin",
+        headers=headers,
+        data=chunks(b'{"payload": {"small": true}}'),
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.json()["decision"] == "execute"

@@ -163,3 +163,15 @@ def test_unknown_scheme_is_config_error() -> None:
         store_from_url("mongodb://localhost")
     with pytest.raises(ConfigError):
         store_from_url("sqlite:///x.db?bogus=1")
+
+
+def test_redis_knows_when_a_timed_out_write_landed(store: Store) -> None:
+    """After a reply timeout, the exact planned documents in place prove the script ran."""
+    if store.backend != "redis":
+        pytest.skip("a Redis reply timeout has no SQLite counterpart")
+    plan: Plan[None] = Plan(None, {"k": Write({"at": 1.5, "id": "x"})})
+    assert store._landed(plan) is False  # type: ignore[attr-defined]
+    put(store, "k", {"at": 1.5, "id": "x"})
+    assert store._landed(plan) is True  # type: ignore[attr-defined]
+    put(store, "k", {"at": 1.5, "id": "y"})
+    assert store._landed(plan) is False  # type: ignore[attr-defined]

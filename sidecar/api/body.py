@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from flask import request
+from flask import current_app, request
 from pydantic import BaseModel, ValidationError
-from werkzeug.exceptions import RequestEntityTooLarge
 
-from sidecar.canonical import find_non_finite
 from sidecar.errors import (
     MalformedRequest,
     PayloadTooLarge,
@@ -56,15 +55,30 @@ def _is_json_type(mimetype: str) -> bool:
     )
 
 
+def read_raw_body(limit: int) -> bytes:
+    """The body bytes, at most ``limit``, whether sent with Content-Length or chunked.
+
+    :raises PayloadTooLarge: the declared or actual length exceeds ``limit``.
+    """
+    cached = request.environ.get("loopstop.body")
+    if isinstance(cached, bytes):
+        return cached
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(f"the body exceeds {limit} bytes")
+    raw = request.stream.read(limit + 1)
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"the body exceeds {limit} bytes")
+    request.environ["loopstop.body"] = raw
+    return raw
+
+
 def read_json_object() -> dict[str, Any]:
     """The request body as a JSON object; an empty body counts as ``{}``.
 
     :raises UnsupportedMediaType, PayloadTooLarge, MalformedRequest, ValidationFailed:
     """
-    try:
-        raw = request.get_data(cache=True)
-    except RequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"the body exceeds {request.max_content_length} bytes") from exc
+    raw = read_raw_body(current_app.config["LOOPSTOP_MAX_BODY_BYTES"])
     if not raw.strip():
         return {}
     if not _is_json_type(request.mimetype):
@@ -83,33 +97,58 @@ def read_json_object() -> dict[str, Any]:
         ) from exc
     except RecursionError as exc:
         raise MalformedRequest("the body nests too deeply") from exc
-    bad = find_non_finite(data)
-    if bad is not None:
-        raise ValidationFailed(
-            [{"loc": ["body", *bad], "msg": "NaN and Infinity are not JSON values"}]
-        )
-    too_deep = _too_deep(data, MAX_NESTING)
-    if too_deep is not None:
-        raise ValidationFailed(
-            [{"loc": ["body", *too_deep], "msg": f"nested deeper than {MAX_NESTING} levels"}]
-        )
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise MalformedRequest(f"the body is not valid JSON: {exc}") from exc
+    problem = _bad_value(data, MAX_NESTING)
+    if problem is not None:
+        where, msg = problem
+        raise ValidationFailed([{"loc": ["body", *where], "msg": msg}])
     if not isinstance(data, dict):
         raise ValidationFailed([{"loc": ["body"], "msg": "the body must be a JSON object"}])
     return data
 
 
-def _too_deep(value: Any, limit: int) -> list[str | int] | None:
-    """The path at which ``value`` nests deeper than ``limit``, or None (iterative)."""
+def _bad_value(value: Any, limit: int) -> tuple[list[str | int], str] | None:
+    """The first value no JSON peer could read back, with its path, or None.
+
+    One iterative walk checks what Python's parser lets through but RFC 8259
+    and RFC 8785 do not: nesting past ``limit``, NaN and Infinity, strings
+    with lone surrogates (not Unicode text, so not canonicalizable), and
+    integers beyond the range of a double. Rejecting them here means every
+    stored value can be canonicalized and compared later.
+    """
     stack: list[tuple[Any, list[str | int]]] = [(value, [])]
     while stack:
         node, path = stack.pop()
         if len(path) > limit:
-            return path[: limit + 1]
+            return path[: limit + 1], f"nested deeper than {limit} levels"
         if isinstance(node, dict):
-            stack.extend((v, [*path, k]) for k, v in node.items())
+            for k, v in node.items():
+                if not _is_text(k):
+                    return path, "an object key holds a lone surrogate: not Unicode text"
+                stack.append((v, [*path, k]))
         elif isinstance(node, list):
             stack.extend((v, [*path, i]) for i, v in enumerate(node))
+        elif isinstance(node, str):
+            if not _is_text(node):
+                return path, "the string holds a lone surrogate: not Unicode text"
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                return path, "NaN and Infinity are not JSON values"
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > _MAX_DOUBLE:
+            return path, "the number is out of range"
     return None
+
+
+_MAX_DOUBLE = int(sys.float_info.max)
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _errors(exc: ValidationError, where: str) -> list[dict[str, Any]]:

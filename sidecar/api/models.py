@@ -22,10 +22,10 @@ from sidecar.core.operations import (
     ReconcileOutcome,
 )
 
-OPERATION_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,200}$"
+OPERATION_ID_PATTERN = r"^(?!\.{1,2}$)[A-Za-z0-9._:@-]{1,200}$"
 
 OperationId = Annotated[str, Field(pattern=OPERATION_ID_PATTERN)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 ExecutionModeField = Annotated[
     Literal["test", "production"],
     Field(description="n8n's `$execution.mode`; `test` requests live in their own namespace."),

@@ -231,7 +231,10 @@ def begin(
         return new, BeginOutcome(BeginDecision.EXECUTE, BeginReason.NEW, new)
     if not same_payload(op, req.fingerprints):
         return None, BeginOutcome(BeginDecision.CONFLICT, BeginReason.PAYLOAD_MISMATCH, op)
-    if req.workflow is not None and op.workflow is not None and req.workflow != op.workflow:
+    if req.workflow != op.workflow:
+        # The workflow is part of what the id names: a begin that names no
+        # workflow (or another) never replays a record made for a workflow,
+        # so no token can plant a receipt for another workflow's flow.
         return None, BeginOutcome(BeginDecision.CONFLICT, BeginReason.WORKFLOW_MISMATCH, op)
 
     if op.state is OperationState.IN_PROGRESS:

@@ -305,7 +305,7 @@ class GateService:
         chain = Chain.from_doc(docs[keys.chain(ns, chain_id)])
         if chain is None:
             raise NotFound(f"no chain {chain_id!r}")
-        principal.require(chain.workflow)
+        principal.require(chain.workflow, of_record=True)
         return ChainInfo(chain, _stop(docs[keys.chain_stop(ns, chain_id)]))
 
     def stop_chain(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -130,7 +131,9 @@ class OperationService:
 
         def decide(snap: Snapshot) -> Plan[BeginOutcome]:
             op = Operation.from_doc(snap.get(key))
-            principal.require(op.workflow if op else body.workflow)
+            if op is not None:
+                principal.require(op.workflow, of_record=True)
+            principal.require(body.workflow)
             workflow = op.workflow if op and op.workflow else body.workflow
             chain_id = op.chain_id if op and op.chain_id else body.chain_id
             stopped = self._stopped(snap, ns, workflow, chain_id)
@@ -280,7 +283,7 @@ class OperationService:
         op = Operation.from_doc(doc)
         if op is None:
             raise NotFound(f"no operation {operation_id!r}")
-        principal.require(op.workflow)
+        principal.require(op.workflow, of_record=True)
         return op
 
 
@@ -299,7 +302,11 @@ def decode_cursor(cursor: str | None) -> tuple[float, str] | None:
         score, member = json.loads(raw)
         if not isinstance(member, str) or not isinstance(score, int | float):
             raise ValueError
-        return float(score), member
-    except (ValueError, TypeError, binascii.Error):
+        member.encode("utf-8")
+        score = float(score)
+        if not math.isfinite(score):
+            raise ValueError
+        return score, member
+    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeError):
         error = {"loc": ["query", "cursor"], "msg": "not a valid cursor"}
         raise ValidationFailed([error]) from None

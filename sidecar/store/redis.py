@@ -39,7 +39,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from sidecar.errors import StoreUnavailable
-from sidecar.store.base import Doc, Snapshot, Store, T, TxnFn
+from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn
 
 _CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
 
@@ -87,7 +87,14 @@ class RedisStore(Store):
                 plan = fn(Snapshot(reads.docs, reads.load))
                 if not plan.writes and not plan.index and reads.round_trips <= 1:
                     return plan.result  # one MGET is a consistent snapshot
-                if self._compare_and_set(reads.raw, plan):
+                try:
+                    applied = self._compare_and_set(reads.raw, plan)
+                except redis.TimeoutError:
+                    # The script may have run: if every write is in place, it did.
+                    if self._landed(plan):
+                        return plan.result
+                    raise
+                if applied:
                     return plan.result
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
         except redis.RedisError as exc:
@@ -97,14 +104,37 @@ class RedisStore(Store):
             "concurrent changes to the same keys"
         )
 
-    def _compare_and_set(self, raw: dict[str, str | None], plan: Any) -> bool:
+    @staticmethod
+    def _serialized(plan: Plan[Any]) -> dict[str, str | None]:
+        return {
+            key: None if w.doc is None else json.dumps(w.doc, separators=(",", ":"))
+            for key, w in plan.writes.items()
+        }
+
+    def _landed(self, plan: Plan[Any]) -> bool:
+        """True when every document the plan writes holds exactly the planned value.
+
+        Planned documents carry the decision's own timestamps and ids, so an
+        exact match means this transaction's script ran. Any doubt answers False.
+        """
+        planned = self._serialized(plan)
+        if not planned:
+            return False
+        try:
+            now = self.client.mget([self._k(k) for k in planned])
+        except redis.RedisError:
+            return False
+        return all(v == planned[k] for k, v in zip(planned, now, strict=True))
+
+    def _compare_and_set(self, raw: dict[str, str | None], plan: Plan[Any]) -> bool:
         doc_keys = list(raw)
         position = {k: i + 1 for i, k in enumerate(doc_keys)}
+        serialized = self._serialized(plan)
         writes = []
         for key, write in plan.writes.items():
             if key not in position:
                 raise RuntimeError(f"transaction wrote {key!r} without reading it")
-            value = None if write.doc is None else json.dumps(write.doc, separators=(",", ":"))
+            value = serialized[key]
             ttl_ms = 0 if write.ttl_s is None else max(1, math.ceil(write.ttl_s * 1000))
             writes.append([position[key], value, ttl_ms])
         index_keys = list(dict.fromkeys(e.index for e in plan.index))
