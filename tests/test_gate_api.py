@@ -209,3 +209,30 @@ def test_test_mode_activations_are_separate(api: Api) -> None:
         == "duplicate_event"
     )
     assert activate(api, event_key="t1", content={"a": 1})["reason"] == "new_chain"
+
+
+def test_every_gate_key_expires(api: Api, store_url: str) -> None:
+    """Activations, effects, windows and chains all carry a TTL (Redis shows it directly)."""
+    if not store_url.startswith("redis"):
+        import sqlite3
+
+        first = activate(api, event_key="k1", subject_key="s1", content={"a": 1})
+        api.post(
+            "/v1/effects", {"chain_id": first["chain_id"], "target_key": "t1", "content": {"a": 1}}
+        )
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            rows = conn.execute("SELECT key FROM kv WHERE expires_at IS NULL").fetchall()
+        assert rows == []
+        return
+    import redis
+
+    first = activate(api, event_key="k1", subject_key="s1", content={"a": 1})
+    api.post(
+        "/v1/effects", {"chain_id": first["chain_id"], "target_key": "t1", "content": {"a": 1}}
+    )
+    client = redis.Redis.from_url(store_url, decode_responses=True)
+    keys = [k for k in client.keys("loopstop:p:*")]
+    kinds = {k.split(":")[2] for k in keys}
+    assert kinds == {"seen", "rate", "chain", "effect"}
+    assert all(client.pttl(k) > 0 for k in keys), {k: client.pttl(k) for k in keys}
+    client.close()

@@ -7,9 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from conftest import RedisServer
 from sidecar.errors import ConfigError, SchemaMismatch
 from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write, store_from_url
 from sidecar.store.base import SCHEMA_VERSION
+from sidecar.store.redis import RedisStore
 
 
 def put(store: Store, key: str, doc: dict | None, ttl_s: float | None = None) -> None:
@@ -165,13 +167,14 @@ def test_unknown_scheme_is_config_error() -> None:
         store_from_url("sqlite:///x.db?bogus=1")
 
 
-def test_redis_knows_when_a_timed_out_write_landed(store: Store) -> None:
+def test_redis_knows_when_a_timed_out_write_landed(redis_server: RedisServer) -> None:
     """After a reply timeout, the exact planned documents in place prove the script ran."""
-    if store.backend != "redis":
-        pytest.skip("a Redis reply timeout has no SQLite counterpart")
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url)
     plan: Plan[None] = Plan(None, {"k": Write({"at": 1.5, "id": "x"})})
-    assert store._landed(plan) is False  # type: ignore[attr-defined]
+    assert store._landed(plan) is False
     put(store, "k", {"at": 1.5, "id": "x"})
-    assert store._landed(plan) is True  # type: ignore[attr-defined]
+    assert store._landed(plan) is True
     put(store, "k", {"at": 1.5, "id": "y"})
-    assert store._landed(plan) is False  # type: ignore[attr-defined]
+    assert store._landed(plan) is False
+    store.close()
