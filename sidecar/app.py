@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
-from sidecar.api import chains, meta, operations, problems
+from sidecar.api import chains, meta, operations, problems, tasks
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable
 from sidecar.canonical import build_fingerprinter
@@ -27,6 +27,7 @@ from sidecar.errors import ConfigError
 from sidecar.runtime import Runtime
 from sidecar.service.gate import GateService
 from sidecar.service.operations import OperationService
+from sidecar.service.tasks import TaskService
 from sidecar.store import Store, sqlite_path, store_from_url
 
 log = logging.getLogger("loopstop")
@@ -72,6 +73,13 @@ def create_app(
     store.ensure_schema()
     tokens = TokenTable(settings.tokens, env)
     clock = clock or time.time
+    ops = OperationService(
+        store,
+        fingerprinter,
+        OperationPolicy(settings.operations.max_attempts, settings.operations.retention_s),
+        settings.operations.lease_s,
+        clock,
+    )
 
     app = Flask("sidecar")
     # The body limit is enforced by sidecar.api.body for Content-Length and
@@ -84,14 +92,9 @@ def create_app(
         fingerprinter=fingerprinter,
         tokens=tokens,
         clock=clock,
-        operations=OperationService(
-            store,
-            fingerprinter,
-            OperationPolicy(settings.operations.max_attempts, settings.operations.retention_s),
-            settings.operations.lease_s,
-            clock,
-        ),
+        operations=ops,
         gate=GateService(store, fingerprinter, settings.chains, clock),
+        tasks=TaskService(store, fingerprinter, settings, ops, clock),
     )
 
     @app.before_request
@@ -117,6 +120,7 @@ def create_app(
     app.register_blueprint(meta.v1)
     app.register_blueprint(operations.bp)
     app.register_blueprint(chains.bp)
+    app.register_blueprint(tasks.bp)
     problems.register(app, _render_extra)
 
     if tokens.open and announce:

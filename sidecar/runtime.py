@@ -16,6 +16,7 @@ from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
 from sidecar.service.gate import GateService
 from sidecar.service.operations import OperationService
+from sidecar.service.tasks import TaskService
 from sidecar.store import Store
 
 
@@ -30,6 +31,7 @@ class Runtime:
     clock: Callable[[], float]
     operations: OperationService
     gate: GateService
+    tasks: TaskService
 
 
 def runtime() -> Runtime:

@@ -35,7 +35,7 @@ ExecutionModeField = Annotated[
 class RequestBody(BaseModel):
     """Base of every request body: unknown fields are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")
 
     execution_mode: ExecutionModeField = "production"
 

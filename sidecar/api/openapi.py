@@ -56,6 +56,7 @@ def route(
     errors: tuple[int, ...] = _STANDARD_ERRORS,
     auth: bool = True,
     path_params: dict[str, str] | None = None,
+    status: int = 200,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a Flask view and document it.
 

@@ -18,6 +18,8 @@ pattern                         what
 ``<ns>:seen:<wf>:<h(event)>``   last content seen of an event (dedupe window)
 ``<ns>:rate:subj:<wf>:<h(s)>``  proceeded activations of a subject (rate window)
 ``<ns>:rate:wf:<wf>``           sliding-window counter of a workflow
+``<ns>:task:<task_id>``         a guarded agent task (JSON)
+``<ns>:taskkey:<wf>:<h(key)>``  the task made under a ``task_key`` (JSON)
 ==============================  ==============================================
 
 ``h(...)`` is a keyed hash (:meth:`Fingerprinter.key_hash`): identities
@@ -72,3 +74,11 @@ def subject_rate(ns: str, workflow: str, subject_hash: str) -> str:
 
 def workflow_rate(ns: str, workflow: str) -> str:
     return f"{ns}:rate:wf:{workflow}"
+
+
+def task(ns: str, task_id: str) -> str:
+    return f"{ns}:task:{task_id}"
+
+
+def task_key(ns: str, workflow: str | None, key_hash: str) -> str:
+    return f"{ns}:taskkey:{workflow or ''}:{key_hash}"

@@ -76,7 +76,7 @@ class OperationService:
 
     # -- plans -------------------------------------------------------------
 
-    def _plan(self, ns: str, op: Operation | None, result: Any) -> Plan[Any]:
+    def plan(self, ns: str, op: Operation | None, result: Any) -> Plan[Any]:
         """Store ``op`` (None: nothing to write) and keep the open index in step."""
         plan: Plan[Any] = Plan(result)
         if op is None:
@@ -138,7 +138,7 @@ class OperationService:
             chain_id = op.chain_id if op and op.chain_id else body.chain_id
             stopped = self._stopped(snap, ns, workflow, chain_id)
             new, outcome = core.begin(op, req, self.policy, now, stopped)
-            return self._plan(ns, new, outcome)
+            return self.plan(ns, new, outcome)
 
         return self.store.transact(declared, decide)
 
@@ -162,7 +162,7 @@ class OperationService:
         def decide(snap: Snapshot) -> Plan[Operation]:
             op = self._scoped(principal, snap.get(key), operation_id)
             new, out = core.commit(op, operation_id, attempt, receipt, result, now)
-            return self._plan(ns, new, out)
+            return self.plan(ns, new, out)
 
         return self.store.transact([key], decide)
 
@@ -186,7 +186,7 @@ class OperationService:
         def decide(snap: Snapshot) -> Plan[Operation]:
             op = self._scoped(principal, snap.get(key), operation_id)
             new, out = core.fail(op, operation_id, attempt, outcome, detail, now)
-            return self._plan(ns, new, out)
+            return self.plan(ns, new, out)
 
         return self.store.transact([key], decide)
 
@@ -212,7 +212,7 @@ class OperationService:
             new, out = core.reconcile(
                 op, operation_id, outcome, receipt, evidence, principal.name, now
             )
-            return self._plan(ns, new, out)
+            return self.plan(ns, new, out)
 
         return self.store.transact([key], decide)
 

@@ -1,0 +1,302 @@
+"""``/v1/tasks``: bounded agent runs (DESIGN §3)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flask import Blueprint, Response, g, jsonify
+
+from sidecar.api.body import check_path, parse_body, parse_query
+from sidecar.api.decisions import log_decision
+from sidecar.api.models import ModeQuery
+from sidecar.api.openapi import route
+from sidecar.api.task_models import (
+    CALL_ID_PATTERN,
+    TASK_ID_PATTERN,
+    CompleteBody,
+    CompleteResponse,
+    ModelCallBody,
+    ModelCallResponse,
+    ResultBody,
+    ResultResponse,
+    TaskBody,
+    TaskResponse,
+    TaskResumeBody,
+    TaskStopBody,
+    TaskView,
+    ToolCallBody,
+    ToolCallResponse,
+)
+from sidecar.core.guard import MESSAGES, EndReason, Task, ToolDecision, ToolResult
+from sidecar.runtime import runtime
+from sidecar.service import keys
+from sidecar.service.tasks import CallInput, CreateInput
+
+bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
+
+_TASK = re.compile(TASK_ID_PATTERN)
+_CALL = re.compile(CALL_ID_PATTERN)
+_PATH = {"task_id": TASK_ID_PATTERN}
+
+
+def _task_id(task_id: str) -> str:
+    check_path({"task_id": task_id}, {"task_id": _TASK})
+    return task_id
+
+
+def _answer(model: type[TaskResponse], task: Task, status: int = 200, **fields: Any) -> Response:
+    view = model(task=TaskView.of(task, runtime().clock()), envelope=task.envelope, **fields)
+    resp = jsonify(view.model_dump(mode="json"))
+    resp.status_code = status
+    return resp
+
+
+def _message(reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    try:
+        return MESSAGES[EndReason(reason)]
+    except ValueError:
+        return None
+
+
+def _log(route_name: str, task: Task, decision: Any, reason: Any, **fields: Any) -> None:
+    log_decision(
+        route_name,
+        decision,
+        reason,
+        task_id=task.task_id,
+        workflow=task.workflow,
+        chain_id=task.chain_id,
+        attempt=task.attempt,
+        **fields,
+    )
+
+
+@route(
+    bp,
+    "",
+    "POST",
+    tag="tasks",
+    body=TaskBody,
+    response=TaskResponse,
+    status=201,
+    summary="Create a task (idempotent on task_key: a re-activated flow continues it).",
+)
+def create() -> Response:
+    body = parse_body(TaskBody)
+    ns = keys.namespace(body.execution_mode)
+    task, created = runtime().tasks.create(
+        g.principal,
+        ns,
+        CreateInput(
+            body.task_key,
+            body.workflow,
+            body.chain_id,
+            body.policy,
+            body.limits.model_dump(exclude_none=True),
+        ),
+    )
+    _log("tasks.create", task, "created" if created else "existing", None)
+    return _answer(TaskResponse, task, 201 if created else 200)
+
+
+@route(
+    bp,
+    "/<task_id>",
+    "GET",
+    tag="tasks",
+    query=ModeQuery,
+    response=TaskResponse,
+    path_params=_PATH,
+    errors=(401, 403, 404, 422, 503),
+    summary="The task and, once it ended, its envelope.",
+)
+def get(task_id: str) -> Response:
+    q = parse_query(ModeQuery)
+    task = runtime().tasks.get(g.principal, keys.namespace(q.execution_mode), _task_id(task_id))
+    return _answer(TaskResponse, task)
+
+
+@route(
+    bp,
+    "/<task_id>/model-calls",
+    "POST",
+    tag="tasks",
+    body=ModelCallBody,
+    response=ModelCallResponse,
+    path_params=_PATH,
+    summary="Reserve a model turn before calling the model: admit or deny, and wrap_up.",
+)
+def model_call(task_id: str) -> Response:
+    body = parse_body(ModelCallBody)
+    task, out = runtime().tasks.model_call(
+        g.principal, keys.namespace(body.execution_mode), _task_id(task_id), body.tokens_used
+    )
+    decision = "admit" if out.admitted else "deny"
+    reason = None if out.reason is None else str(out.reason)
+    _log("tasks.model_call", task, decision, reason, wrap_up=out.wrap_up)
+    return _answer(
+        ModelCallResponse,
+        task,
+        decision=decision,
+        wrap_up=out.wrap_up,
+        reason=reason,
+        message=_message(reason),
+    )
+
+
+@route(
+    bp,
+    "/<task_id>/tool-calls",
+    "POST",
+    tag="tasks",
+    body=ToolCallBody,
+    response=ToolCallResponse,
+    path_params=_PATH,
+    summary="Admit a tool call before it executes: execute, replay (writes) or deny.",
+)
+def tool_call(task_id: str) -> Response:
+    body = parse_body(ToolCallBody)
+    ns = keys.namespace(body.execution_mode)
+    task, out = runtime().tasks.tool_call(
+        g.principal,
+        ns,
+        _task_id(task_id),
+        CallInput(body.tool, body.kind, body.args, body.operation_id),
+    )
+    reason = None if out.reason is None else str(out.reason)
+    message = _message(reason)
+    if reason == "in_progress":
+        from sidecar.core.guard import IN_PROGRESS_MESSAGE
+
+        message = IN_PROGRESS_MESSAGE
+    replay = out.decision is ToolDecision.REPLAY and out.operation is not None
+    _log(
+        "tasks.tool_call",
+        task,
+        out.decision,
+        reason,
+        tool=body.tool,
+        kind=body.kind,
+        call_id=out.call_id,
+        operation_id=body.operation_id,
+    )
+    return _answer(
+        ToolCallResponse,
+        task,
+        decision=out.decision,
+        call_id=out.call_id,
+        result=out.operation.result if replay and out.operation else None,
+        receipt=out.operation.receipt if replay and out.operation else None,
+        reason=reason,
+        message=message,
+    )
+
+
+@route(
+    bp,
+    "/<task_id>/tool-calls/<call_id>/result",
+    "POST",
+    tag="tasks",
+    body=ResultBody,
+    response=ResultResponse,
+    path_params={**_PATH, "call_id": CALL_ID_PATTERN},
+    summary="Record a call's result with trusted evidence; may end the task.",
+)
+def tool_result(task_id: str, call_id: str) -> Response:
+    check_path({"call_id": call_id}, {"call_id": _CALL})
+    body = parse_body(ResultBody)
+    rt = runtime()
+    res = ToolResult(
+        status=body.status,
+        result_fp=rt.fingerprinter.fingerprint(body.result),
+        result=body.result,
+        receipt=body.receipt,
+        evidence=None if body.evidence is None else body.evidence.core(),
+    )
+    task, out = rt.tasks.tool_result(
+        g.principal, keys.namespace(body.execution_mode), _task_id(task_id), call_id, res
+    )
+    reason = None if out.reason is None else str(out.reason)
+    decision = "ended" if task.envelope is not None else "recorded"
+    _log(
+        "tasks.tool_result",
+        task,
+        decision,
+        reason or (task.envelope or {}).get("reason"),
+        call_id=call_id,
+        status=body.status,
+    )
+    return _answer(
+        ResultResponse,
+        task,
+        decision=decision,
+        reason=reason or (task.envelope or {}).get("reason"),
+        message=_message(reason),
+    )
+
+
+@route(
+    bp,
+    "/<task_id>/complete",
+    "POST",
+    tag="tasks",
+    body=CompleteBody,
+    response=CompleteResponse,
+    path_params=_PATH,
+    summary="Validate the exit: completed only on trusted evidence; continue or ended.",
+)
+def complete(task_id: str) -> Response:
+    body = parse_body(CompleteBody)
+    task, decision = runtime().tasks.complete(
+        g.principal,
+        keys.namespace(body.execution_mode),
+        _task_id(task_id),
+        None if body.evidence is None else body.evidence.core(),
+    )
+    reason = (task.envelope or {}).get("reason") if decision != "continue" else "check_failed"
+    _log("tasks.complete", task, decision, reason)
+    return _answer(CompleteResponse, task, decision=decision, reason=reason)
+
+
+@route(
+    bp,
+    "/<task_id>/stop",
+    "POST",
+    tag="tasks",
+    body=TaskStopBody,
+    response=TaskResponse,
+    path_params=_PATH,
+    summary="Stop the task (sticky operator_stop).",
+)
+def stop(task_id: str) -> Response:
+    body = parse_body(TaskStopBody)
+    task = runtime().tasks.stop(g.principal, keys.namespace(body.execution_mode), _task_id(task_id))
+    _log("tasks.stop", task, "stopped", body.reason)
+    return _answer(TaskResponse, task)
+
+
+@route(
+    bp,
+    "/<task_id>/resume",
+    "POST",
+    tag="tasks",
+    body=TaskResumeBody,
+    response=TaskResponse,
+    path_params=_PATH,
+    summary="A linked attempt keeping counters and history; extend needs admin.",
+)
+def resume(task_id: str) -> Response:
+    body = parse_body(TaskResumeBody)
+    extend = None if body.extend is None else body.extend.model_dump(exclude_none=True)
+    task = runtime().tasks.resume(
+        g.principal,
+        keys.namespace(body.execution_mode),
+        _task_id(task_id),
+        body.reason,
+        extend or None,
+    )
+    _log("tasks.resume", task, "resumed", body.reason, extended=bool(extend) or None)
+    return _answer(TaskResponse, task)

@@ -1,0 +1,352 @@
+"""The task guard service: keys, transactions and plans around :mod:`sidecar.core.guard`."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.auth import Principal
+from sidecar.canonical import Fingerprinter
+from sidecar.config import Settings
+from sidecar.core import guard as core
+from sidecar.core import operations as ledger
+from sidecar.core.guard import (
+    CallKind,
+    Evidence,
+    ModelOutcome,
+    ResultOutcome,
+    Task,
+    TaskLimits,
+    ToolCall,
+    ToolOutcome,
+    ToolResult,
+)
+from sidecar.core.operations import BeginRequest, Operation, OperationPolicy, OperationState
+from sidecar.errors import NotFound, ValidationFailed
+from sidecar.service import keys
+from sidecar.service.operations import OperationService
+from sidecar.store import Plan, Snapshot, Store, Write
+
+
+@dataclass(frozen=True)
+class CreateInput:
+    task_key: str | None
+    workflow: str | None
+    chain_id: str | None
+    policy: str | None
+    limits: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CallInput:
+    tool: str
+    kind: CallKind
+    args: Any
+    operation_id: str | None
+
+
+class TaskService:
+    """Runs task decisions as store transactions.
+
+    :param operations: the ledger service (its plan keeps the open index in step).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprinter: Fingerprinter,
+        settings: Settings,
+        operations: OperationService,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.fp = fingerprinter
+        self.settings = settings
+        self.operations = operations
+        self.op_policy = OperationPolicy(
+            settings.operations.max_attempts, settings.operations.retention_s
+        )
+        self.clock = clock
+
+    # -- helpers -----------------------------------------------------------------
+
+    def resolve_limits(
+        self, policy: str | None, override: Mapping[str, Any]
+    ) -> tuple[TaskLimits, tuple[str, ...] | None]:
+        """Configuration defaults, then the named policy, then the request.
+
+        ``per_tool`` starts from each configured tool's ``max_calls``.
+
+        :raises ValidationFailed: an unknown policy.
+        """
+        s = self.settings
+        merged: dict[str, Any] = s.limits.model_dump()
+        merged["per_tool"] = {
+            name: t.max_calls for name, t in s.tools.items() if t.max_calls is not None
+        }
+        allowed: tuple[str, ...] | None = None
+        if policy is not None:
+            if policy not in s.policies:
+                raise ValidationFailed(
+                    [{"loc": ["body", "policy"], "msg": f"no policy named {policy!r}"}]
+                )
+            named = s.policies[policy]
+            allowed = None if named.tools is None else tuple(named.tools)
+            layer = named.limits.model_dump(exclude_none=True)
+            merged["per_tool"].update(layer.pop("per_tool", {}))
+            merged.update(layer)
+        layer = {k: v for k, v in override.items() if v is not None}
+        merged["per_tool"].update(layer.pop("per_tool", None) or {})
+        merged.update(layer)
+        return TaskLimits(**merged), allowed
+
+    def _ttl(self, task: Task, now: float) -> float:
+        retention = self.settings.tasks.retention_s
+        if task.ended_at is not None:
+            return max(1.0, task.ended_at + retention - now)
+        return max(1.0, task.created_at + task.limits.deadline_s + retention - now)
+
+    def _stopped(self, snap: Snapshot, ns: str, task: Task) -> core.EndReason | None:
+        if task.workflow and snap.get(keys.workflow_stop(ns, task.workflow)) is not None:
+            return core.EndReason.WORKFLOW_STOPPED
+        if task.chain_id and snap.get(keys.chain_stop(ns, task.chain_id)) is not None:
+            return core.EndReason.CHAIN_STOPPED
+        return None
+
+    @staticmethod
+    def _scoped(principal: Principal, doc: Mapping[str, Any] | None, task_id: str) -> Task:
+        task = Task.from_doc(doc)
+        if task is None:
+            raise NotFound(f"no task {task_id!r}")
+        principal.require(task.workflow, of_record=True)
+        return task
+
+    def _write_task(
+        self,
+        plan: Plan[Any],
+        snap: Snapshot,
+        ns: str,
+        task: Task,
+        now: float,
+        before: Task | None = None,
+    ) -> None:
+        """Store the task; its ``task_key`` pointer too when created, ended or resumed
+        (the moments its retention changes)."""
+        ttl = self._ttl(task, now)
+        plan.writes[keys.task(ns, task.task_id)] = Write(task.to_doc(), ttl)
+        moved = before is None or (before.envelope is None) != (task.envelope is None)
+        if task.task_key is not None and moved:
+            pointer = keys.task_key(ns, task.workflow, self.fp.key_hash("task", task.task_key))
+            snap.get(pointer)
+            plan.writes[pointer] = Write({"task_id": task.task_id}, ttl)
+
+    def _write_op(self, plan: Plan[Any], ns: str, op: Operation | None) -> None:
+        if op is not None:
+            sub = self.operations.plan(ns, op, None)
+            plan.writes.update(sub.writes)
+            plan.index += sub.index
+
+    # -- routes ------------------------------------------------------------------
+
+    def create(self, principal: Principal, ns: str, body: CreateInput) -> tuple[Task, bool]:
+        """Create a task, or return the task already made under ``task_key``.
+
+        :returns: the task and whether it was created now.
+        :raises Forbidden, ValidationFailed, StoreUnavailable:
+        """
+        principal.require(body.workflow)
+        limits, allowed = self.resolve_limits(body.policy, body.limits)
+        now = self.clock()
+        task_id = "t" + secrets.token_hex(10)
+        key_key = (
+            keys.task_key(ns, body.workflow, self.fp.key_hash("task", body.task_key))
+            if body.task_key is not None
+            else None
+        )
+        declared = [keys.task(ns, task_id)] + ([key_key] if key_key else [])
+
+        def decide(snap: Snapshot) -> Plan[tuple[Task, bool]]:
+            if key_key is not None:
+                pointer = snap.get(key_key)
+                if pointer is not None:
+                    existing = Task.from_doc(snap.get(keys.task(ns, pointer["task_id"])))
+                    if existing is not None:
+                        return Plan((existing, False))
+            task = core.new_task(
+                task_id,
+                body.task_key,
+                body.workflow,
+                body.chain_id,
+                body.policy,
+                limits,
+                allowed,
+                now,
+            )
+            plan: Plan[tuple[Task, bool]] = Plan((task, True))
+            self._write_task(plan, snap, ns, task, now)
+            return plan
+
+        return self.store.transact(declared, decide)
+
+    def get(self, principal: Principal, ns: str, task_id: str) -> Task:
+        """:raises NotFound, Forbidden, StoreUnavailable:"""
+        return self._scoped(principal, self.store.get(keys.task(ns, task_id)), task_id)
+
+    def model_call(
+        self, principal: Principal, ns: str, task_id: str, tokens_used: int | None
+    ) -> tuple[Task, ModelOutcome]:
+        """Reserve a model turn (the model gate calls this too)."""
+        now = self.clock()
+        key = keys.task(ns, task_id)
+
+        def decide(snap: Snapshot) -> Plan[tuple[Task, ModelOutcome]]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            new, out = core.admit_model_call(task, tokens_used, now, self._stopped(snap, ns, task))
+            plan: Plan[tuple[Task, ModelOutcome]] = Plan((new, out))
+            if new != task:
+                self._write_task(plan, snap, ns, new, now, task)
+            return plan
+
+        return self.store.transact([key], decide)
+
+    def tool_call(
+        self, principal: Principal, ns: str, task_id: str, body: CallInput
+    ) -> tuple[Task, ToolOutcome]:
+        """Admit (or deny) a tool call before it executes.
+
+        :raises ValidationFailed: a write without ``operation_id``, or a kind
+            that contradicts the tool's configuration.
+        """
+        configured = self.settings.tools.get(body.tool)
+        if configured is not None and configured.kind != body.kind:
+            raise ValidationFailed(
+                [
+                    {
+                        "loc": ["body", "kind"],
+                        "msg": f"tool {body.tool!r} is configured as {configured.kind}",
+                    }
+                ]
+            )
+        if body.kind is CallKind.WRITE and not body.operation_id:
+            raise ValidationFailed(
+                [{"loc": ["body", "operation_id"], "msg": "a write needs its operation_id"}]
+            )
+        now = self.clock()
+        args_prints = self.fp.fingerprints(body.args)
+        call_id = "k" + secrets.token_hex(8)
+        key = keys.task(ns, task_id)
+        declared = [key]
+        op_key = keys.operation(ns, body.operation_id) if body.operation_id else None
+        if op_key and body.kind is CallKind.WRITE:
+            declared.append(op_key)
+
+        def decide(snap: Snapshot) -> Plan[tuple[Task, ToolOutcome]]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            op = None
+            begin = None
+            if body.kind is CallKind.WRITE and op_key and body.operation_id:
+                op = Operation.from_doc(snap.get(op_key))
+                if op is not None:
+                    principal.require(op.workflow, of_record=True)
+                begin = BeginRequest(
+                    operation_id=body.operation_id,
+                    fingerprints=args_prints,
+                    secret_id=self.fp.current.id,
+                    workflow=task.workflow,
+                    task_id=task.task_id,
+                    chain_id=task.chain_id,
+                    lease_s=self.settings.operations.lease_s,
+                )
+            call = ToolCall(call_id, body.tool, body.kind, args_prints[self.fp.current.id], begin)
+            new, new_op, out = core.admit_tool_call(
+                task, call, op, self.op_policy, now, self._stopped(snap, ns, task)
+            )
+            plan: Plan[tuple[Task, ToolOutcome]] = Plan((new, out))
+            if new != task:
+                self._write_task(plan, snap, ns, new, now, task)
+            self._write_op(plan, ns, new_op)
+            return plan
+
+        return self.store.transact(declared, decide)
+
+    def tool_result(
+        self, principal: Principal, ns: str, task_id: str, call_id: str, res: ToolResult
+    ) -> tuple[Task, ResultOutcome]:
+        """Record a call's result (and settle its write in the ledger)."""
+        now = self.clock()
+        key = keys.task(ns, task_id)
+
+        def decide(snap: Snapshot) -> Plan[tuple[Task, ResultOutcome]]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            call = next((c for c in task.calls if c["call_id"] == call_id), None)
+            op = None
+            if call is not None and call.get("operation_id") and call["kind"] == CallKind.WRITE:
+                op = Operation.from_doc(snap.get(keys.operation(ns, call["operation_id"])))
+            new, new_op, out = core.record_result(task, call_id, res, op, now)
+            plan: Plan[tuple[Task, ResultOutcome]] = Plan((new, out))
+            self._write_task(plan, snap, ns, new, now, task)
+            self._write_op(plan, ns, new_op)
+            return plan
+
+        return self.store.transact([key], decide)
+
+    def complete(
+        self, principal: Principal, ns: str, task_id: str, evidence: Evidence | None
+    ) -> tuple[Task, str]:
+        now = self.clock()
+        key = keys.task(ns, task_id)
+
+        def decide(snap: Snapshot) -> Plan[tuple[Task, str]]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            new, decision = core.complete(task, evidence, None, now)
+            plan: Plan[tuple[Task, str]] = Plan((new, decision))
+            if new != task:
+                self._write_task(plan, snap, ns, new, now, task)
+            return plan
+
+        return self.store.transact([key], decide)
+
+    def stop(self, principal: Principal, ns: str, task_id: str) -> Task:
+        now = self.clock()
+        key = keys.task(ns, task_id)
+
+        def decide(snap: Snapshot) -> Plan[Task]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            new = core.stop(task, now)
+            plan: Plan[Task] = Plan(new)
+            if new != task:
+                self._write_task(plan, snap, ns, new, now, task)
+            return plan
+
+        return self.store.transact([key], decide)
+
+    def resume(
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        reason: str,
+        extend: Mapping[str, Any] | None,
+    ) -> Task:
+        """:raises Forbidden: ``extend`` without an admin token.
+        :raises StateConflict: see :func:`sidecar.core.guard.resume`."""
+        if extend:
+            principal.require_admin()
+        now = self.clock()
+        key = keys.task(ns, task_id)
+
+        def decide(snap: Snapshot) -> Plan[Task]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            unknown = []
+            for oid in task.operations:
+                op = Operation.from_doc(snap.get(keys.operation(ns, oid)))
+                if op is not None and ledger.observe(op, now).state is OperationState.UNKNOWN:
+                    unknown.append(oid)
+            new = core.resume(task, reason, extend, principal.name, unknown, now)
+            plan: Plan[Task] = Plan(new)
+            self._write_task(plan, snap, ns, new, now, task)
+            return plan
+
+        return self.store.transact([key], decide)
