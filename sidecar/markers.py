@@ -27,7 +27,7 @@ _VALID = re.compile(
     rf"{PREFIX}\.({_CHAIN_ID})\.(\d{{1,{MAX_DEPTH_DIGITS}}})\.([0-9a-f]{{{SIGNATURE_HEX}}})"
 )
 #: Anything that starts like a marker: candidates to verify (and count when they fail).
-_CANDIDATE = re.compile(rf"{PREFIX}\.[A-Za-z0-9._-]*", re.IGNORECASE)
+_CANDIDATE = re.compile(rf"(?<![A-Za-z0-9]){PREFIX}\.[A-Za-z0-9._-]*", re.IGNORECASE)
 CHAIN_ID_PATTERN = rf"^{_CHAIN_ID}$"
 
 
@@ -78,11 +78,21 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
+def scan_given(fingerprinter: Fingerprinter, text: str) -> Scan:
+    """Verify a marker the caller handed over in ``marker``: anything there that
+    is not a valid marker counts as one invalid marker."""
+    found = scan(fingerprinter, text)
+    if not found.valid and not found.invalid:
+        return Scan((), 1)
+    return found
+
+
 def scan(fingerprinter: Fingerprinter, *values: Any) -> Scan:
     """Find markers in every string (and object key) of ``values``.
 
     Header lines (``"X-Loopstop-Chain: ls1...."``), body lines, sheet cells:
-    anything that contains ``ls1.`` is tried, in any letter case.
+    anything that contains ``ls1.`` (not preceded by a letter or digit, so
+    ``tools1.example.org`` is no candidate) is tried, in any letter case.
     """
     valid: list[Marker] = []
     invalid = 0

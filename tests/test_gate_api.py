@@ -42,6 +42,21 @@ def test_forged_and_truncated_markers_are_ignored_and_counted(api: Api) -> None:
     assert out["invalid_markers"] == 2
     out = activate(api, event_key="r3", content={"b": 1}, marker="ls1.bogus")
     assert out["reason"] == "new_chain" and out["invalid_markers"] == 1
+    out = activate(api, event_key="r4", content={"b": 1}, marker="hello")
+    assert out["invalid_markers"] == 1
+
+
+def test_ordinary_text_is_no_marker_candidate(api: Api) -> None:
+    out = activate(api, event_key="t1", event={"from": "Nils1.Berg@example.com",
+                                               "host": "tools1.example.org"})
+    assert out["invalid_markers"] == 0
+
+
+def test_empty_marker_field_means_none_and_the_event_is_searched(api: Api) -> None:
+    first = activate(api, event_key="x1", content={"a": 1})
+    hop = activate(api, event_key="x2", marker="  ",
+                   event={"headers": {"x-loopstop-chain": first["marker"]}})
+    assert hop["reason"] == "reentry"
 
 
 def test_marker_of_an_expired_chain_counts_as_none(api: Api, clock: Clock) -> None:

@@ -51,7 +51,7 @@ class ActivationDecision(StrEnum):
 
 
 class ActivationReason(StrEnum):
-    """Why an activation proceeded or was dropped (DESIGN §2 rules 1-6)."""
+    """Why an activation proceeded or was dropped (the six rules, first match wins)."""
 
     STOPPED = "stopped"
     DUPLICATE_EVENT = "duplicate_event"

@@ -48,7 +48,7 @@ OPEN_STATES = frozenset({OperationState.IN_PROGRESS, OperationState.UNKNOWN})
 
 
 class BeginDecision(StrEnum):
-    """What ``begin`` tells the flow to do (DESIGN §1 table)."""
+    """What ``begin`` tells the flow to do; every value needs a branch in the flow."""
 
     EXECUTE = "execute"
     REPLAY = "replay"

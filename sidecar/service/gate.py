@@ -147,8 +147,8 @@ class GateService:
         limits = self.limits(wf)
         content = derive_content(body.content, body.event)
         content_fp = self.fp.fingerprint(content)
-        if body.marker is not None:
-            found = markers.scan(self.fp, body.marker)
+        if body.marker is not None and body.marker.strip():
+            found = markers.scan_given(self.fp, body.marker)
         else:
             found = markers.scan(self.fp, body.event if body.event is not None else content)
         marker = found.best()
