@@ -4,7 +4,8 @@ A marker is an opaque string the flow embeds in what it writes (a sheet
 column, an email body line, a webhook header) so that, when the write comes
 back through a trigger, the activation continues the chain one hop deeper.
 The signature is the first 32 hex digits (128 bits) of
-``HMAC-SHA256(secret, "ls1.<chain_id>.<depth>")``; a marker whose signature
+``HMAC-SHA256(secret, "ls1.<namespace>.<chain_id>.<depth>")``: a marker made
+by a test execution does not verify in production. A marker whose signature
 verifies under no configured secret is ignored (and counted), never trusted.
 """
 
@@ -38,28 +39,32 @@ class Scan:
     valid: tuple[Marker, ...]
     invalid: int
 
-    def best(self) -> Marker | None:
-        """The deepest valid marker (an email quoting a thread holds several)."""
-        return max(self.valid, key=lambda m: (m.depth, m.chain_id), default=None)
+    def candidates(self, most: int = 10) -> tuple[Marker, ...]:
+        """Distinct valid markers, deepest first (an email quoting a thread
+        holds several; each is tried, so a stale one never hides a live one)."""
+        unique = sorted(set(self.valid), key=lambda m: (-m.depth, m.chain_id))
+        return tuple(unique[:most])
 
 
 def _signature(fingerprinter: Fingerprinter, body: str, secret_id: str | None = None) -> str:
     return fingerprinter.mac(body, secret_id)[:SIGNATURE_HEX]
 
 
-def encode(fingerprinter: Fingerprinter, chain_id: str, depth: int) -> str:
-    """The signed marker for ``chain_id`` at ``depth``, under the current secret."""
+def encode(fingerprinter: Fingerprinter, ns: str, chain_id: str, depth: int) -> str:
+    """The signed marker for ``chain_id`` at ``depth`` in namespace ``ns``."""
     body = f"{PREFIX}.{chain_id}.{depth}"
-    return f"{body}.{_signature(fingerprinter, body)}"
+    return f"{body}.{_signature(fingerprinter, f'{PREFIX}.{ns}.{chain_id}.{depth}')}"
 
 
-def verify(fingerprinter: Fingerprinter, text: str) -> Marker | None:
+def verify(fingerprinter: Fingerprinter, ns: str, text: str) -> Marker | None:
     """Parse and verify one marker (surrounding whitespace allowed); None if it fails."""
     match = _VALID.fullmatch(text.strip().lower())
     if match is None:
         return None
     chain_id, depth, signature = match.groups()
-    body = f"{PREFIX}.{chain_id}.{depth}"
+    if depth != str(int(depth)):  # one spelling per depth: no leading zeros
+        return None
+    body = f"{PREFIX}.{ns}.{chain_id}.{depth}"
     ok = False
     for secret_id in fingerprinter.secret_ids:  # constant time per secret, no early exit
         ok |= hmac.compare_digest(_signature(fingerprinter, body, secret_id), signature)
@@ -78,16 +83,16 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def scan_given(fingerprinter: Fingerprinter, text: str) -> Scan:
+def scan_given(fingerprinter: Fingerprinter, ns: str, text: str) -> Scan:
     """Verify a marker the caller handed over in ``marker``: anything there that
     is not a valid marker counts as one invalid marker."""
-    found = scan(fingerprinter, text)
+    found = scan(fingerprinter, ns, text)
     if not found.valid and not found.invalid:
         return Scan((), 1)
     return found
 
 
-def scan(fingerprinter: Fingerprinter, *values: Any) -> Scan:
+def scan(fingerprinter: Fingerprinter, ns: str, *values: Any) -> Scan:
     """Find markers in every string (and object key) of ``values``.
 
     Header lines (``"X-Loopstop-Chain: ls1...."``), body lines, sheet cells:
@@ -101,7 +106,7 @@ def scan(fingerprinter: Fingerprinter, *values: Any) -> Scan:
             if "ls1." not in text.lower():
                 continue
             for candidate in _CANDIDATE.findall(text):
-                marker = verify(fingerprinter, candidate.rstrip("."))
+                marker = verify(fingerprinter, ns, candidate.rstrip("."))
                 if marker is None:
                     invalid += 1
                 else:

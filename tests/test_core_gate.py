@@ -18,6 +18,7 @@ from sidecar.core.gate import (
     Effect,
     EffectRequest,
     FieldPrints,
+    Link,
     Marker,
     RateCounter,
     RateLog,
@@ -61,10 +62,18 @@ def request(
     marker: Marker | None = None,
     workflow: str = "wf",
     has_subject: bool = True,
+    markers: tuple[Marker, ...] = (),
 ) -> ActivationRequest:
+    found = markers or ((marker,) if marker else ())
     return ActivationRequest(
-        workflow, "a1", "cnew", fp(content), prints(content), marker, has_subject
+        workflow, "a1", "cnew", fp(content), prints(content), found, has_subject
     )
+
+
+def link(
+    chain_id: str = "c1", depth: int = 0, workflow: str = "wf", expires_at: float = NOW + 1000
+) -> Link:
+    return Link(workflow, chain_id, depth, expires_at)
 
 
 def chain(
@@ -109,7 +118,7 @@ def decide(
         (False, "false"),
         (True, "TRUE"),
         ("  processed ", "processed"),
-        ("1e3", 1000),
+        ("-7", -7),
     ],
 )
 def test_normalization_equates(a: Any, b: Any) -> None:
@@ -127,6 +136,10 @@ def test_normalization_equates(a: Any, b: Any) -> None:
         ("2026-11-03", 46329),
         ({"a": 1}, {"a": "1"}),
         ("Infinity", "inf"),
+        ("+4915112345678", "4915112345678"),
+        ("01234", "1234"),
+        ("1e3", 1000),
+        ("12345678901234567890", "12345678901234567891"),
     ],
 )
 def test_normalization_keeps_apart(a: Any, b: Any) -> None:
@@ -240,21 +253,31 @@ def test_marker_of_expired_or_unknown_chain_counts_as_none() -> None:
     assert decide(ActivationState(), request({"a": 1}, Marker("c9", 2)))[1].reason is R.NEW_CHAIN
 
 
-def test_related_key_and_other_workflows_effect_continue_the_chain() -> None:
-    related = ActivationState(related_effects=(effect({}, depth=2),), chains={"c1": chain()})
+def test_links_continue_the_chain() -> None:
+    related = ActivationState(links=(link(depth=2),), chains={"c1": chain()})
     _, out = decide(related, request({"a": 1}))
     assert (out.reason, out.depth) == (R.REENTRY, 3)
-    other = ActivationState(
-        own_effect=effect({"a": 1}, workflow="wf-writer"),
-        chains={"c1": chain(workflow="wf-writer")},
-    )
-    _, out = decide(other, request({"a": 1}))
-    assert (out.reason, out.depth, out.chain_id) == (R.REENTRY, 1, "c1")
+    expired = ActivationState(links=(link(depth=2, expires_at=NOW),), chains={"c1": chain()})
+    assert decide(expired, request({"a": 1}))[1].reason is R.NEW_CHAIN
+
+
+def test_a_dead_deeper_marker_never_hides_a_live_one() -> None:
+    state = ActivationState(chains={"c1": chain(depth=1)})
+    _, out = decide(state, request({"a": 1}, markers=(Marker("cdead", 3), Marker("c1", 1))))
+    assert (out.reason, out.chain_id, out.depth) == (R.REENTRY, "c1", 2)
+
+
+def test_reentry_is_rate_limited_too() -> None:
+    """A loop that restarts its chain at every hop (depth 1 forever) still ends."""
+    log = RateLog((NOW - 3, NOW - 2, NOW - 1))
+    state = ActivationState(links=(link(),), chains={"c1": chain()}, subject_rate=log)
+    changes, out = decide(state, request({"a": 1}))
+    assert out.reason is R.ACTIVATION_RATE and changes.seen is None
 
 
 def test_deepest_link_wins() -> None:
     state = ActivationState(
-        related_effects=(effect({}, depth=0),), chains={"c1": chain(), "c2": chain("c2", depth=2)}
+        links=(link(depth=0),), chains={"c1": chain(), "c2": chain("c2", depth=2)}
     )
     _, out = decide(state, request({"a": 1}, Marker("c2", 2)))
     assert (out.chain_id, out.depth) == ("c2", 3)
@@ -267,6 +290,7 @@ def test_subject_rate_counts_only_proceeded_inside_window() -> None:
     assert changes.subject_rate == RateLog((NOW - 30, NOW - 20, NOW))
     changes, out = decide(ActivationState(subject_rate=changes.subject_rate), request({"a": 2}))
     assert out.reason is R.ACTIVATION_RATE and changes.subject_rate is None
+    assert changes.seen is None  # a redelivery after the window is judged anew
 
 
 def test_no_subject_no_subject_rate() -> None:
@@ -305,7 +329,7 @@ def test_recent_timeline_is_bounded() -> None:
     c = state.chains["c1"]
     for _ in range(60):
         changes, _ = decide(
-            replace(state, chains={"c1": c}, related_effects=(effect({}),)),
+            replace(state, chains={"c1": c}, links=(link(),)),
             request({"a": 1}),
             replace(LIMITS, max_activations=1000),
         )

@@ -47,15 +47,17 @@ def test_forged_and_truncated_markers_are_ignored_and_counted(api: Api) -> None:
 
 
 def test_ordinary_text_is_no_marker_candidate(api: Api) -> None:
-    out = activate(api, event_key="t1", event={"from": "Nils1.Berg@example.com",
-                                               "host": "tools1.example.org"})
+    out = activate(
+        api, event_key="t1", event={"from": "Nils1.Berg@example.com", "host": "tools1.example.org"}
+    )
     assert out["invalid_markers"] == 0
 
 
 def test_empty_marker_field_means_none_and_the_event_is_searched(api: Api) -> None:
     first = activate(api, event_key="x1", content={"a": 1})
-    hop = activate(api, event_key="x2", marker="  ",
-                   event={"headers": {"x-loopstop-chain": first["marker"]}})
+    hop = activate(
+        api, event_key="x2", marker="  ", event={"headers": {"x-loopstop-chain": first["marker"]}}
+    )
     assert hop["reason"] == "reentry"
 
 
@@ -248,6 +250,119 @@ def test_every_gate_key_expires(api: Api, store_url: str) -> None:
     client = redis.Redis.from_url(store_url, decode_responses=True)
     keys = [k for k in client.keys("loopstop:p:*")]
     kinds = {k.split(":")[2] for k in keys}
-    assert kinds == {"seen", "rate", "chain", "effect"}
+    assert kinds == {"seen", "rate", "chain", "effect", "link"}
     assert all(client.pttl(k) > 0 for k in keys), {k: client.pttl(k) for k in keys}
     client.close()
+
+
+def test_effects_without_chain_cannot_loop_forever(api: Api) -> None:
+    """Each side registers its sent message with only a workflow: every reply
+    re-enters at depth 1 of a fresh chain; the subject rate still ends it."""
+    reasons = []
+    last = "<start@peer>"
+    for hop in range(14):
+        ours = f"<ours-{hop}@example.com>"
+        out = activate(
+            api,
+            event_key=f"<peer-{hop}@bots>",
+            related_keys=[last],
+            subject_key="otherbot@example.com",
+            content={"n": hop},
+        )
+        reasons.append(out["reason"])
+        api.post("/v1/effects", {"workflow": "wf-sheets", "target_key": ours, "content": {}})
+        last = ours
+    assert reasons.count("activation_rate") == 4 and "activation_rate" not in reasons[:10]
+
+
+def test_test_mode_marker_is_not_a_production_marker(api: Api) -> None:
+    test_marker = activate(api, event_key="m", content={"a": 1}, execution_mode="test")["marker"]
+    out = activate(api, event_key="m2", content={"a": 2}, marker=test_marker)
+    assert out["reason"] == "new_chain" and out["invalid_markers"] == 1
+
+
+def test_quoted_dead_marker_never_hides_the_live_one(api: Api, clock: Clock) -> None:
+    old = activate(api, event_key="old", content={"a": 1})
+    for _ in range(3):
+        old = activate(api, event_key=f"old-{_}", content={"a": 1}, marker=old["marker"])
+    clock.advance(86_400)  # yesterday's chain (depth 3) has expired
+    live = activate(api, event_key="new", content={"b": 1})
+    out = activate(
+        api,
+        event_key="reply",
+        event={
+            "text": f"> quoted: {old['marker']}",
+            "headers": {"x-loopstop-chain": live["marker"]},
+        },
+    )
+    assert (out["reason"], out["chain_id"], out["depth"]) == ("reentry", live["chain_id"], 1)
+
+
+def test_scoped_token_cannot_probe_or_spend_other_workflows_chains(api: Api) -> None:
+    other = activate(api, workflow="wf-crm", event_key="crm:1", content={"a": 1})
+    api.post(
+        "/v1/effects",
+        {"chain_id": other["chain_id"], "target_key": "crm-row-9", "content": {"status": "done"}},
+    )
+    scoped = Api(api.client, SCOPED_TOKEN)
+    probe = activate(
+        scoped, token=SCOPED_TOKEN, event_key="s-1", related_keys=["crm-row-9"], content={"x": 1}
+    )
+    assert probe["reason"] == "new_chain" and probe["chain_id"] != other["chain_id"]
+    spend = activate(
+        scoped, token=SCOPED_TOKEN, event_key="s-2", content={"x": 2}, marker=other["marker"]
+    )
+    assert spend["reason"] == "new_chain"
+    status, body = scoped.post(
+        "/v1/effects", {"chain_id": other["chain_id"], "target_key": "k", "content": {}}
+    )
+    assert status == 403 and "wf-crm" not in body["detail"]
+    # Its own effect on the same target neither hides the CRM flow's echo nor takes its link.
+    scoped.post(
+        "/v1/effects",
+        {"workflow": "wf-sheets", "target_key": "crm-row-9", "content": {"status": "hijacked"}},
+    )
+    echo = activate(api, workflow="wf-crm", event_key="crm-row-9", content={"status": "done"})
+    assert echo["reason"] == "echo" and echo["chain_id"] == other["chain_id"]
+    hop = activate(
+        api, workflow="wf-other", event_key="o-1", related_keys=["crm-row-9"], content={}
+    )
+    assert hop["reason"] == "reentry" and hop["chain_id"] == other["chain_id"]
+
+
+def test_effect_naming_only_an_unknown_chain_is_422(api: Api) -> None:
+    status, body = api.post(
+        "/v1/effects",
+        {"chain_id": "c00000000000000000000", "target_key": "x", "content": {}},
+        token=ADMIN_TOKEN,
+    )
+    assert status == 422 and body["errors"][0]["loc"] == ["body", "chain_id"]
+
+
+def test_webhook_gets_with_different_queries_are_different_events(api: Api) -> None:
+    def get(order: str) -> dict[str, Any]:
+        item = {"headers": {"x-req": order}, "params": {}, "query": {"order": order}, "body": {}}
+        return activate(api, event=item)
+
+    assert get("1")["reason"] == "new_chain"
+    assert get("2")["reason"] == "new_chain"
+    assert get("2")["reason"] == "duplicate_event"
+
+
+def test_workflow_stop_holds_for_test_executions_too(api: Api) -> None:
+    api.post("/v1/workflows/wf-sheets/stop", {"reason": "x"}, token=ADMIN_TOKEN)
+    out = activate(api, event_key="t", content={}, execution_mode="test")
+    assert out["reason"] == "stopped"
+
+
+def test_odd_workflow_paths_and_ttls_are_refused(api: Api) -> None:
+    r = api.client.post(
+        "/v1/workflows/a%01b/stop",
+        json={"reason": "x"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert r.status_code == 422
+    status, _ = api.post(
+        "/v1/effects", {"workflow": "wf-sheets", "target_key": "k", "content": {}, "ttl_s": 1e-300}
+    )
+    assert status == 422

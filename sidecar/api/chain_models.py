@@ -78,7 +78,7 @@ class EffectBody(RequestBody):
     content: dict[str, JsonValue] = Field(
         description="The record as written (the update node's output), field by field."
     )
-    ttl_s: Annotated[float, Field(gt=0, le=30 * 86_400)] | None = None
+    ttl_s: Annotated[float, Field(ge=1, le=30 * 86_400)] | None = None
     strict: bool = False
 
     @model_validator(mode="after")

@@ -33,7 +33,7 @@ from sidecar.service.gate import ActivationInput, ChainInfo, EffectInput
 bp = Blueprint("chains", __name__, url_prefix="/v1")
 
 _CHAIN = re.compile(CHAIN_ID_PATTERN)
-_WORKFLOW = re.compile(r"^[^/]{1,200}$")
+_WORKFLOW = re.compile(r"^[^/\x00-\x1f\x7f]{1,200}$")
 _CHAIN_PATH = {"chain_id": CHAIN_ID_PATTERN}
 _WF_PATH = {"workflow": _WORKFLOW.pattern}
 

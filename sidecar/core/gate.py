@@ -15,11 +15,13 @@ work. Decided in this order, first match wins:
 4. a valid marker of a live chain, or a related key (or the event identity
    itself, written by another workflow) that an effect targets -> the
    chain continues at depth + 1: past ``max_depth`` -> ``chain_depth``,
-   past the chain's activation budget -> ``chain_budget``, else ``proceed``,
-   ``reentry``;
+   past the chain's activation budget -> ``chain_budget``; else, once the
+   rates of rule 5 pass, ``proceed``, ``reentry``;
 5. too many activations of the same subject inside ``rate_window_s`` ->
    ``activation_rate``; too many of the workflow inside
-   ``workflow_rate_window_s`` -> ``workflow_rate`` (a circuit breaker);
+   ``workflow_rate_window_s`` -> ``workflow_rate`` (a circuit breaker for
+   every activation about to proceed, re-entries included: a loop that
+   restarts its chain at every hop still ends);
 6. else ``proceed``, ``new_chain`` at depth 0.
 
 Both rates count activations that proceeded; dropped ones consume nothing.
@@ -42,7 +44,11 @@ from typing import Any
 #: How many recent activations a chain keeps for its timeline.
 RECENT_ACTIVATIONS = 50
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+#: A numeric string as a sheet or a form writes a number: no sign but "-", no
+#: leading zeros, no exponent, at most 15 significant digits (what a double
+#: holds exactly). Phone numbers, zip codes and long ids stay text.
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?")
+_MAX_DIGITS = 15
 
 
 class ActivationDecision(StrEnum):
@@ -70,8 +76,10 @@ def normalize_scalar(value: Any) -> Any:
 
     Google Sheets returns ``""`` for empty, ``0`` and ``false`` cells, a text
     cell returns ``"42"`` where the flow wrote ``42``, and a form sends every
-    value as a string. So: numbers and numeric strings compare by value
-    (``5`` == ``5.0`` == ``" 5 "``), strings are trimmed, ``"true"`` is
+    value as a string. So: numbers and plain decimal strings compare by
+    value (``5`` == ``5.0`` == ``" 5 "``; not ``"+49..."``, ``"01234"``,
+    ``"1e3"`` or more than 15 digits, which stay text), strings are
+    trimmed, ``"true"`` is
     ``true``, and ``""``, ``null``, ``0``, ``false`` and ``"false"`` are
     all the same empty value. Objects and lists are compared as they are.
     Dates are not converted.
@@ -89,7 +97,7 @@ def normalize_scalar(value: Any) -> Any:
             return None
         if lowered == "true":
             return True
-        if _NUMBER.fullmatch(text):
+        if _NUMBER.fullmatch(text) and sum(c.isdigit() for c in text) <= _MAX_DIGITS:
             number = float(text)
             if math.isfinite(number):
                 return None if number == 0 else number
@@ -179,6 +187,20 @@ class Effect:
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any] | None) -> Effect | None:
         return None if doc is None else cls(**doc)
+
+
+@dataclass(frozen=True)
+class Link:
+    """Where a target key leads: the chain (and depth) of the last effect that
+    wrote it, whatever workflow that was. Stored beside each effect."""
+
+    workflow: str
+    chain_id: str
+    depth: int
+    expires_at: float
+
+    def alive(self, now: float) -> bool:
+        return now < self.expires_at
 
 
 @dataclass(frozen=True)
@@ -287,7 +309,7 @@ class ActivationRequest:
     new_chain_id: str
     content_fp: str
     fields: FieldPrints
-    marker: Marker | None
+    markers: tuple[Marker, ...]
     has_subject: bool
 
 
@@ -295,16 +317,18 @@ class ActivationRequest:
 class ActivationState:
     """Everything an activation decision reads, from one store transaction.
 
-    :ivar own_effect: the effect targeting the event's identity, if any.
-    :ivar related_effects: effects targeting the event's related keys.
-    :ivar chains: the chains named by the marker and by those effects.
+    :ivar own_effect: this workflow's effect targeting the event's identity.
+    :ivar links: where the event's identity (when another workflow wrote it)
+        and its related keys lead.
+    :ivar chains: the chains the markers and links name (only those the
+        caller may act in).
     :ivar chain_stops: stops of those chains.
     """
 
     workflow_stop: Stop | None = None
     seen: Seen | None = None
     own_effect: Effect | None = None
-    related_effects: tuple[Effect, ...] = ()
+    links: tuple[Link, ...] = ()
     chains: Mapping[str, Chain] = field(default_factory=dict)
     chain_stops: Mapping[str, Stop] = field(default_factory=dict)
     subject_rate: RateLog | None = None
@@ -334,19 +358,20 @@ class ActivationOutcome:
 
 
 def _link(state: ActivationState, req: ActivationRequest, now: float) -> tuple[Chain, int] | None:
-    """The live chain this activation continues, and the depth it continues from."""
+    """The live chain this activation continues, and the depth it continues from.
+
+    Every valid marker and every link is a candidate (a quoted, expired
+    marker never hides a live one); the deepest live one wins.
+    """
     candidates: list[tuple[Chain, int]] = []
-    if req.marker is not None:
-        chain = state.chains.get(req.marker.chain_id)
+    for marker in req.markers:
+        chain = state.chains.get(marker.chain_id)
         if chain is not None and chain.alive(now):
-            candidates.append((chain, req.marker.depth))
-    effects = list(state.related_effects)
-    if state.own_effect is not None and state.own_effect.workflow != req.workflow:
-        effects.append(state.own_effect)  # written by another workflow: a hop, not an echo
-    for effect in effects:
-        chain = state.chains.get(effect.chain_id)
-        if effect.alive(now) and chain is not None and chain.alive(now):
-            candidates.append((chain, effect.depth))
+            candidates.append((chain, marker.depth))
+    for link in state.links:
+        chain = state.chains.get(link.chain_id)
+        if link.alive(now) and chain is not None and chain.alive(now):
+            candidates.append((chain, link.depth))
     if not candidates:
         return None
     return max(candidates, key=lambda c: (c[1], c[0].chain_id))
@@ -359,11 +384,10 @@ def decide_activation(
 
     :returns: the changes to store and the outcome.
     """
-    own = state.own_effect
-    own_here = own is not None and own.workflow == req.workflow and own.alive(now)
-    echo = own_here and own is not None and req.fields.matches(own)
-    external = own_here and not echo
-    link = None if own_here else _link(state, req, now)
+    own = state.own_effect if state.own_effect and state.own_effect.alive(now) else None
+    echo = own is not None and req.fields.matches(own)
+    external = own is not None and not echo
+    link = None if own is not None else _link(state, req, now)
 
     if echo and own is not None:
         chain_id: str | None = own.chain_id
@@ -410,22 +434,25 @@ def decide_activation(
     if echo and own is not None:
         return dropped(ActivationReason.ECHO, own.depth)
     # 4. one more hop of a live chain
+    depth = 0
     if link is not None:
-        linked, from_depth = link
-        depth = from_depth + 1
+        depth = link[1] + 1
         if depth > limits.max_depth:
             return dropped(ActivationReason.CHAIN_DEPTH, depth)
-        if linked.activations + 1 > limits.max_activations:
+        if link[0].activations + 1 > limits.max_activations:
             return dropped(ActivationReason.CHAIN_BUDGET, depth)
-        return _proceed(
-            state, req, limits, now, linked, depth, ActivationReason.REENTRY, subject_times
-        )
-    # 5. rates, a circuit breaker for loops that leave no trace
+    # 5. rates: a circuit breaker for every activation about to proceed, so a
+    #    loop that leaves no trace, or restarts its chain at every hop, still
+    #    ends. An event refused for load is not marked seen: a redelivery counts.
     if req.has_subject and len(subject_times) >= limits.rate_limit:
-        return dropped(ActivationReason.ACTIVATION_RATE, None)
+        return dropped(ActivationReason.ACTIVATION_RATE, None, seen=False)
     counter = state.workflow_rate or RateCounter()
     if counter.estimate(now, limits.workflow_rate_window_s) >= limits.workflow_rate_limit:
-        return dropped(ActivationReason.WORKFLOW_RATE, None)
+        return dropped(ActivationReason.WORKFLOW_RATE, None, seen=False)
+    if link is not None:
+        return _proceed(
+            state, req, limits, now, link[0], depth, ActivationReason.REENTRY, subject_times
+        )
     # 6. new work
     fresh = Chain(
         chain_id=req.new_chain_id,

@@ -22,12 +22,13 @@ from sidecar.core.gate import (
     Effect,
     EffectRequest,
     FieldPrints,
+    Link,
     RateCounter,
     RateLog,
     Seen,
     Stop,
 )
-from sidecar.errors import NotFound
+from sidecar.errors import NotFound, ValidationFailed
 from sidecar.service import keys
 from sidecar.store import Plan, Snapshot, Store, Write
 
@@ -42,14 +43,18 @@ def derive_content(content: Any, event: Any) -> Any:
 
     ``content`` when given; else the ``event``, except that an n8n Webhook
     item (``{headers, params, query, body}``) counts by its ``body`` (a
-    provider's redelivery repeats the body, not its transport headers), and
+    provider's redelivery repeats the body, not its transport headers; an
+    empty body, as a GET has, counts by its query and path parameters), and
     a Google Sheets "Include Both Versions" item by its ``current`` row.
     """
     if content is not None:
         return content
     if isinstance(event, dict):
         if "headers" in event and "body" in event and ("query" in event or "params" in event):
-            return event["body"]
+            if event["body"] not in ({}, None, ""):
+                return event["body"]
+            # A GET (or an empty POST): what identifies it is its query and path.
+            return {"query": event.get("query"), "params": event.get("params")}
         if "current" in event and "previous" in event:
             return event["current"]
         return event
@@ -138,6 +143,10 @@ class GateService:
     def activate(self, principal: Principal, ns: str, body: ActivationInput) -> ActivationResult:
         """Decide one activation atomically (DESIGN §2).
 
+        Links and markers into chains of workflows outside the token's scope
+        are ignored: a scoped token can neither probe nor spend another
+        workflow's chains.
+
         :raises Forbidden: the token may not act for the workflow.
         :raises StoreUnavailable: fail closed.
         """
@@ -148,28 +157,28 @@ class GateService:
         content = derive_content(body.content, body.event)
         content_fp = self.fp.fingerprint(content)
         if body.marker is not None and body.marker.strip():
-            found = markers.scan_given(self.fp, body.marker)
+            found = markers.scan_given(self.fp, ns, body.marker)
         else:
-            found = markers.scan(self.fp, body.event if body.event is not None else content)
-        marker = found.best()
+            found = markers.scan(self.fp, ns, body.event if body.event is not None else content)
+        candidates = found.candidates()
         subject = body.subject_key or body.event_key
         event_hash = (
             self.fp.key_hash("event", body.event_key) if body.event_key else "c" + content_fp[:32]
         )
-        own_key = (
-            keys.effect(ns, self.fp.key_hash("target", body.event_key)) if body.event_key else None
-        )
+        own_hash = self.fp.key_hash("target", body.event_key) if body.event_key else None
+        own_key = keys.effect(ns, wf, own_hash) if own_hash else None
+        own_link = keys.link(ns, own_hash) if own_hash else None
         related = [
             k
             for k in dict.fromkeys(
-                keys.effect(ns, self.fp.key_hash("target", r)) for r in body.related_keys
+                keys.link(ns, self.fp.key_hash("target", r)) for r in body.related_keys
             )
-            if k != own_key
+            if k != own_link
         ]
         seen_key = keys.seen(ns, wf, event_hash)
         subject_key = keys.subject_rate(ns, wf, self.fp.key_hash("subject", subject or ""))
         wf_rate_key = keys.workflow_rate(ns, wf)
-        wf_stop_key = keys.workflow_stop(ns, wf)
+        wf_stop_key = keys.workflow_stop(wf)
         fresh_chain = new_chain_id()
         req = ActivationRequest(
             workflow=wf,
@@ -177,7 +186,7 @@ class GateService:
             new_chain_id=fresh_chain,
             content_fp=content_fp,
             fields=self.field_prints(content),
-            marker=marker,
+            markers=candidates,
             has_subject=subject is not None,
         )
         declared = [
@@ -188,23 +197,27 @@ class GateService:
             keys.chain(ns, fresh_chain),
             *related,
         ]
-        if own_key:
-            declared.append(own_key)
-        if marker is not None:
-            declared += [keys.chain(ns, marker.chain_id), keys.chain_stop(ns, marker.chain_id)]
+        if own_key and own_link:
+            declared += [own_key, own_link]
+        for m in candidates:
+            declared += [keys.chain(ns, m.chain_id), keys.chain_stop(ns, m.chain_id)]
 
         def decide(snap: Snapshot) -> Plan[ActivationOutcome]:
             own = Effect.from_doc(snap.get(own_key)) if own_key else None
-            effects = tuple(e for k in related if (e := Effect.from_doc(snap.get(k))))
-            chain_ids = {e.chain_id for e in (*effects, *([own] if own else []))}
-            if marker is not None:
-                chain_ids.add(marker.chain_id)
+            links = [Link(**d) for k in related if (d := snap.get(k))]
+            if own_link and (d := snap.get(own_link)) and d["workflow"] != wf:
+                links.append(Link(**d))  # another workflow wrote this record: a hop
+            links = [lk for lk in links if principal.allows(lk.workflow)]
+            chain_ids = {lk.chain_id for lk in links} | {m.chain_id for m in candidates}
+            if own is not None:
+                chain_ids.add(own.chain_id)
             chains = {
                 cid: c
                 for cid in sorted(chain_ids)
                 if (c := Chain.from_doc(snap.get(keys.chain(ns, cid))))
+                and principal.allows(c.workflow)
             }
-            stops = {cid: s for cid in chains if (s := _stop(snap.get(keys.chain_stop(ns, cid))))}
+            stops = {cid: st for cid in chains if (st := _stop(snap.get(keys.chain_stop(ns, cid))))}
             seen_doc = snap.get(seen_key)
             subj_doc = snap.get(subject_key)
             rate_doc = snap.get(wf_rate_key)
@@ -212,7 +225,7 @@ class GateService:
                 workflow_stop=_stop(snap.get(wf_stop_key)),
                 seen=Seen(**seen_doc) if seen_doc else None,
                 own_effect=own,
-                related_effects=effects,
+                links=tuple(links),
                 chains=chains,
                 chain_stops=stops,
                 subject_rate=RateLog(tuple(subj_doc["times"])) if subj_doc else None,
@@ -241,7 +254,7 @@ class GateService:
         outcome = self.store.transact(declared, decide)
         issued = None
         if outcome.decision is core.ActivationDecision.PROCEED and outcome.chain_id:
-            issued = markers.encode(self.fp, outcome.chain_id, outcome.depth or 0)
+            issued = markers.encode(self.fp, ns, outcome.chain_id, outcome.depth or 0)
         return ActivationResult(outcome, req.activation_id, issued, found.invalid)
 
     # -- effects -------------------------------------------------------------------
@@ -251,29 +264,48 @@ class GateService:
     ) -> tuple[Chain, Effect]:
         """Register what this execution writes under every target key.
 
-        :raises Forbidden: the token may not act for the effect's workflow.
-        :raises ValidationFailed: no workflow could be determined (checked by the API).
+        The effect is stored per workflow (only that workflow's trigger sees
+        its echo); beside it a link records the target's chain for hops
+        through other workflows. A link is never taken over from a workflow
+        outside the token's scope.
+
+        :raises Forbidden: the token may not act for the effect's workflow or
+            for the named chain's.
+        :raises ValidationFailed: only a ``chain_id`` was given and that chain
+            is unknown or expired (name the workflow).
         :raises StoreUnavailable: fail closed.
         """
         now = self.clock()
         fresh_chain = new_chain_id()
-        targets = [keys.effect(ns, self.fp.key_hash("target", t)) for t in body.target_keys]
-        targets = list(dict.fromkeys(targets))
+        hashes = list(dict.fromkeys(self.fp.key_hash("target", t) for t in body.target_keys))
         prints = {
             k: self.fp.fingerprint(v if body.strict else core.normalize_scalar(v))
             for k, v in body.content.items()
         }
-        declared = [keys.chain(ns, fresh_chain), *targets]
+        links = [keys.link(ns, h) for h in hashes]
+        declared = [keys.chain(ns, fresh_chain), *links]
+        if body.workflow:
+            declared += [keys.effect(ns, body.workflow, h) for h in hashes]
         if body.chain_id:
             declared.append(keys.chain(ns, body.chain_id))
 
         def decide(snap: Snapshot) -> Plan[tuple[Chain, Effect]]:
-            chain = (
-                Chain.from_doc(snap.get(keys.chain(ns, body.chain_id))) if body.chain_id else None
-            )
+            chain = None
+            if body.chain_id:
+                chain = Chain.from_doc(snap.get(keys.chain(ns, body.chain_id)))
+                if chain is not None:
+                    principal.require(chain.workflow, of_record=True)
             workflow = body.workflow or (chain.workflow if chain else None)
+            if workflow is None:
+                raise ValidationFailed(
+                    [
+                        {
+                            "loc": ["body", "chain_id"],
+                            "msg": "no live chain with this id: name the workflow as well",
+                        }
+                    ]
+                )
             principal.require(workflow)
-            assert workflow is not None
             req = EffectRequest(
                 workflow=workflow,
                 effect_id="e" + secrets.token_hex(8),
@@ -287,8 +319,19 @@ class GateService:
             plan.writes[keys.chain(ns, new_chain.chain_id)] = Write(
                 new_chain.to_doc(), _ttl(new_chain.expires_at, now)
             )
-            for key in targets:
-                plan.writes[key] = Write(effect.to_doc(), _ttl(effect.expires_at, now))
+            ttl = _ttl(effect.expires_at, now)
+            link = Link(workflow, new_chain.chain_id, effect.depth, effect.expires_at)
+            for h, link_key in zip(hashes, links, strict=True):
+                effect_key = keys.effect(ns, workflow, h)
+                snap.get(effect_key)
+                plan.writes[effect_key] = Write(effect.to_doc(), ttl)
+                held = snap.get(link_key)
+                if (
+                    held is None
+                    or principal.allows(held["workflow"])
+                    or (held["expires_at"] <= now)
+                ):
+                    plan.writes[link_key] = Write(asdict(link), ttl)
             return plan
 
         return self.store.transact(declared, decide)
@@ -344,7 +387,7 @@ class GateService:
         :raises Forbidden: the workflow is outside the token's scope.
         """
         principal.require(workflow)
-        return _stop(self.store.get(keys.workflow_stop(ns, workflow)))
+        return _stop(self.store.get(keys.workflow_stop(workflow)))
 
     def stop_workflow(
         self, principal: Principal, ns: str, workflow: str, reason: str, stopped: bool
@@ -359,7 +402,7 @@ class GateService:
         principal.require_admin()
         principal.require(workflow)
         now = self.clock()
-        key = keys.workflow_stop(ns, workflow)
+        key = keys.workflow_stop(workflow)  # one stop for test and production alike
 
         def decide(snap: Snapshot) -> Plan[Stop | None]:
             current = _stop(snap.get(key))

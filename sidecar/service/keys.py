@@ -9,12 +9,13 @@ ledger entries. The store adds its own prefix (``loopstop:`` on Redis).
 pattern                         what
 ==============================  ==============================================
 ``<ns>:op:<operation_id>``      an operation record (JSON)
-``<ns>:stop:wf:<workflow>``     a sticky stop of a workflow (JSON)
+``stop:wf:<workflow>``          a sticky stop of a workflow, every namespace (JSON)
 ``<ns>:stop:chain:<chain_id>``  a sticky stop of a chain (JSON)
 ``<ns>:ix:ops-open``            index: open operations, score = lease end
 ``<ns>:ix:ops-open:wf:<wf>``    the same index for one workflow
 ``<ns>:chain:<chain_id>``       a chain of activations (JSON), TTL = its life
-``<ns>:effect:<h(target)>``     an effect, one copy per target key (JSON)
+``<ns>:effect:<wf>:<h(target)>``  a workflow's effect, one copy per target (JSON)
+``<ns>:link:<h(target)>``       the chain the last effect on a target belongs to
 ``<ns>:seen:<wf>:<h(event)>``   last content seen of an event (dedupe window)
 ``<ns>:rate:subj:<wf>:<h(s)>``  proceeded activations of a subject (rate window)
 ``<ns>:rate:wf:<wf>``           sliding-window counter of a workflow
@@ -42,8 +43,9 @@ def operation(ns: str, operation_id: str) -> str:
     return f"{ns}:op:{operation_id}"
 
 
-def workflow_stop(ns: str, workflow: str) -> str:
-    return f"{ns}:stop:wf:{workflow}"
+def workflow_stop(workflow: str) -> str:
+    """A workflow stop holds in test and production executions alike."""
+    return f"stop:wf:{workflow}"
 
 
 def chain_stop(ns: str, chain_id: str) -> str:
@@ -60,8 +62,12 @@ def chain(ns: str, chain_id: str) -> str:
     return f"{ns}:chain:{chain_id}"
 
 
-def effect(ns: str, target_hash: str) -> str:
-    return f"{ns}:effect:{target_hash}"
+def effect(ns: str, workflow: str, target_hash: str) -> str:
+    return f"{ns}:effect:{workflow}:{target_hash}"
+
+
+def link(ns: str, target_hash: str) -> str:
+    return f"{ns}:link:{target_hash}"
 
 
 def seen(ns: str, workflow: str, event_hash: str) -> str:

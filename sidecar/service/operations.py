@@ -95,7 +95,7 @@ class OperationService:
     def _stopped(
         snap: Snapshot, ns: str, workflow: str | None, chain_id: str | None
     ) -> BeginReason | None:
-        if workflow is not None and snap.get(keys.workflow_stop(ns, workflow)) is not None:
+        if workflow is not None and snap.get(keys.workflow_stop(workflow)) is not None:
             return BeginReason.WORKFLOW_STOPPED
         if chain_id is not None and snap.get(keys.chain_stop(ns, chain_id)) is not None:
             return BeginReason.CHAIN_STOPPED
@@ -125,7 +125,7 @@ class OperationService:
         key = keys.operation(ns, operation_id)
         declared = [key]
         if body.workflow is not None:
-            declared.append(keys.workflow_stop(ns, body.workflow))
+            declared.append(keys.workflow_stop(body.workflow))
         if body.chain_id is not None:
             declared.append(keys.chain_stop(ns, body.chain_id))
 

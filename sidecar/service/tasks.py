@@ -109,7 +109,7 @@ class TaskService:
         return max(1.0, task.created_at + task.limits.deadline_s + retention - now)
 
     def _stopped(self, snap: Snapshot, ns: str, task: Task) -> core.EndReason | None:
-        if task.workflow and snap.get(keys.workflow_stop(ns, task.workflow)) is not None:
+        if task.workflow and snap.get(keys.workflow_stop(task.workflow)) is not None:
             return core.EndReason.WORKFLOW_STOPPED
         if task.chain_id and snap.get(keys.chain_stop(ns, task.chain_id)) is not None:
             return core.EndReason.CHAIN_STOPPED
