@@ -1,0 +1,291 @@
+"""The task guard through HTTP on both stores: every terminal reason is reached,
+malformed calls change nothing, scopes and resume rules hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, AppFactory, Clock
+from sidecar.core.guard import EndReason
+
+REACHED: set[str] = set()
+
+
+class Agent:
+    """A task driven over HTTP: create, model turns, tool calls and results."""
+
+    def __init__(self, api: Api, token: str = "default", **create: Any) -> None:
+        self.api = api
+        self.token = token
+        status, body = api.post("/v1/tasks", {"workflow": "wf-sheets", **create}, token=token)
+        assert status in (200, 201), body
+        self.id = body["task"]["task_id"]
+        self.base = f"/v1/tasks/{self.id}"
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, out = self.api.post(self.base + path, body, token=self.token)
+        assert status == 200, out
+        if out.get("envelope"):
+            REACHED.add(out["envelope"]["reason"])
+        return dict(out)
+
+    def model(self, **body: Any) -> dict[str, Any]:
+        return self.post("/model-calls", body)
+
+    def call(self, tool: str, args: Any = None, kind: str = "read", **kw: Any) -> dict[str, Any]:
+        return self.post("/tool-calls", {"tool": tool, "kind": kind, "args": args or {}, **kw})
+
+    def result(self, call: dict[str, Any], status: str = "ok", **kw: Any) -> dict[str, Any]:
+        return self.post(f"/tool-calls/{call['call_id']}/result", {"status": status, **kw})
+
+
+def ended(out: dict[str, Any], status: str, reason: str) -> None:
+    assert out["envelope"] is not None, out
+    assert (out["envelope"]["status"], out["envelope"]["reason"]) == (status, reason), out
+
+
+def test_deadline(api: Api, clock: Clock) -> None:
+    a = Agent(api, limits={"deadline_s": 60})
+    a.call("search", {"q": 1})
+    clock.advance(61)
+    out = a.call("search", {"q": 2})
+    ended(out, "partial", "deadline")
+    assert out["envelope"]["used"]["elapsed_s"] == 61
+    assert "final answer" in out["message"]
+
+
+def test_token_budget_and_wrap_up(api: Api) -> None:
+    a = Agent(api, limits={"max_tokens": 1000, "wrap_up_ratio": 0.5})
+    assert a.model()["wrap_up"] is False
+    assert a.model(tokens_used=600)["wrap_up"] is True
+    out = a.model(tokens_used=500)
+    assert out["decision"] == "deny"
+    ended(out, "partial", "token_budget")
+    assert out["envelope"]["used"]["tokens"] == 1100
+
+
+def test_poll_budget(api: Api) -> None:
+    a = Agent(api, limits={"max_polls": 2})
+    for pct in (10, 20):
+        a.result(a.call("job", {"id": 1}, kind="poll"), result={"pct": pct})
+    ended(a.call("job", {"id": 1}, kind="poll"), "partial", "poll_budget")
+
+
+def test_poll_deadline(api: Api, clock: Clock) -> None:
+    a = Agent(api, limits={"poll_deadline_s": 100})
+    a.result(a.call("job", {"id": 1}, kind="poll"), result={"pct": 1})
+    clock.advance(101)
+    ended(a.call("job", {"id": 1}, kind="poll"), "partial", "poll_budget")
+
+
+def test_per_tool_budget_from_configuration(make_app: AppFactory) -> None:
+    api = Api(make_app(tools={"update_order": {"kind": "write", "max_calls": 1}}).test_client())
+    a = Agent(api)
+    first = a.call("update_order", {"o": 1}, kind="write", operation_id="o:1")
+    a.result(first, result={}, receipt="r1")
+    ended(
+        a.call("update_order", {"o": 2}, kind="write", operation_id="o:2"), "partial", "tool_budget"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stop_path", "reason"),
+    [
+        ("/v1/workflows/wf-sheets/stop", "workflow_stopped"),
+        ("/v1/chains/{chain}/stop", "chain_stopped"),
+    ],
+)
+def test_stops_end_the_task(api: Api, stop_path: str, reason: str) -> None:
+    _, act = api.post("/v1/activations", {"workflow": "wf-sheets", "content": {"a": 1}})
+    a = Agent(api, chain_id=act["chain_id"])
+    api.post(stop_path.format(chain=act["chain_id"]), {"reason": "x"}, token=ADMIN_TOKEN)
+    ended(a.call("search", {"q": 1}), "stopped", reason)
+
+
+def test_policy_denied(make_app: AppFactory) -> None:
+    api = Api(make_app(policies={"support": {"tools": ["search_orders"]}}).test_client())
+    a = Agent(api, policy="support")
+    assert a.call("search_orders", {"q": 1})["decision"] == "execute"
+    out = a.call("delete_everything", {})
+    ended(out, "blocked", "policy_denied")
+    assert "not allowed" in out["message"]
+
+
+def test_operation_conflict(api: Api) -> None:
+    a = Agent(api)
+    a.result(
+        a.call("charge", {"amount": 10}, kind="write", operation_id="charge:1"),
+        result={},
+        receipt="ch_1",
+    )
+    ended(
+        a.call("charge", {"amount": 99}, kind="write", operation_id="charge:1"),
+        "blocked",
+        "operation_conflict",
+    )
+
+
+def test_fatal_result(api: Api) -> None:
+    a = Agent(api)
+    out = a.result(a.call("search", {"q": 1}), "fatal", result={"error": "400"})
+    ended(out, "blocked", "fatal_result")
+
+
+def test_fatal_write_without_proof_is_uncertain(api: Api) -> None:
+    a = Agent(api)
+    out = a.result(a.call("post", {"x": 1}, kind="write", operation_id="p:1"), "fatal")
+    ended(out, "blocked", "fatal_result")
+    assert out["envelope"]["uncertain_operations"] == ["p:1"]
+
+
+@pytest.mark.parametrize("evidence", [{"revision": 2}, {"done": True}])
+def test_invalid_evidence(api: Api, evidence: dict[str, Any]) -> None:
+    a = Agent(api)
+    a.result(a.call("read", {"p": 1}), result={}, evidence={"revision": 3})
+    status = "ok" if "revision" in evidence else "retryable"
+    out = a.result(a.call("read", {"p": 2}), status, result={}, evidence=evidence)
+    ended(out, "blocked", "invalid_evidence")
+
+
+def test_retry_after_commit_and_proven_absent_write(api: Api) -> None:
+    a = Agent(api)
+    first = a.call("send", {"to": "x"}, kind="write", operation_id="mail:1")
+    out = a.result(first, "retryable", evidence={"effect": "not_committed"})
+    assert out["decision"] == "recorded"  # proven not written: a retry is fine
+    retry = a.call("send", {"to": "x"}, kind="write", operation_id="mail:1")
+    assert retry["decision"] == "execute"
+    out = a.result(retry, "retryable")
+    ended(out, "needs_reconciliation", "retry_after_commit")
+    assert api.get("/v1/operations/mail:1")[1]["operation"]["state"] == "unknown"
+
+
+def test_ok_write_without_receipt_is_unknown_commit(api: Api) -> None:
+    a = Agent(api)
+    out = a.result(a.call("send", {"to": "x"}, kind="write", operation_id="mail:2"), "ok")
+    ended(out, "needs_reconciliation", "unknown_commit")
+
+
+def test_exhausted_write_is_retry_budget(make_app: AppFactory) -> None:
+    api = Api(make_app(operations={"max_attempts": 1}).test_client())
+    a = Agent(api)
+    first = a.call("send", {"to": "x"}, kind="write", operation_id="mail:3")
+    a.result(first, "retryable", evidence={"effect": "not_committed"})
+    ended(
+        a.call("send", {"to": "x"}, kind="write", operation_id="mail:3"), "partial", "retry_budget"
+    )
+
+
+def test_concurrent_write_of_another_worker_is_denied_without_ending(api: Api) -> None:
+    api.begin("shared:1", {"to": "x"}, workflow="wf-sheets")  # another worker holds the lease
+    a = Agent(api)
+    out = a.call("send", {"to": "x"}, kind="write", operation_id="shared:1")
+    assert out["decision"] == "deny" and out["reason"] == "in_progress"
+    assert out["envelope"] is None and "another worker" in out["message"]
+
+
+def test_complete_needs_trusted_evidence_and_costs_an_idle_step(api: Api) -> None:
+    a = Agent(api, limits={"max_idle": 2})
+    out = a.post("/complete", {})
+    assert out["decision"] == "continue" and out["reason"] == "check_failed"
+    out = a.post("/complete", {"evidence": {"done": False}})
+    assert out["decision"] == "ended"
+    ended(out, "partial", "no_progress")
+    assert a.post("/complete", {"evidence": {"done": True}})["decision"] == "ended"
+
+
+def test_stop_is_sticky_and_resume_extends_with_admin_only(api: Api) -> None:
+    a = Agent(api, limits={"max_tool_calls": 1})
+    a.result(a.call("search", {"q": 1}), result={"x": 1})
+    ended(a.call("search", {"q": 2}), "partial", "tool_budget")
+    status, body = api.post(f"{a.base}/resume", {"reason": "more", "extend": {"max_tool_calls": 3}})
+    assert status == 403
+    status, body = api.post(
+        f"{a.base}/resume",
+        {"reason": "approved by ops", "extend": {"max_tool_calls": 3}},
+        token=ADMIN_TOKEN,
+    )
+    assert status == 200 and body["task"]["attempt"] == 2
+    assert body["task"]["limits"]["max_tool_calls"] == 3
+    assert body["task"]["used"]["tool_calls"] == 1  # counters are kept
+    assert a.call("search", {"q": 3})["decision"] == "execute"
+    status, body = api.post(f"{a.base}/resume", {"reason": "x"})
+    assert status == 409  # running: nothing to resume
+
+
+def test_create_is_idempotent_on_task_key_per_workflow(api: Api) -> None:
+    s1, first = api.post("/v1/tasks", {"workflow": "wf-sheets", "task_key": "k"})
+    s2, again = api.post("/v1/tasks", {"workflow": "wf-sheets", "task_key": "k"})
+    s3, other = api.post("/v1/tasks", {"workflow": "wf-crm", "task_key": "k"})
+    assert (s1, s2, s3) == (201, 200, 201)
+    assert first["task"]["task_id"] == again["task"]["task_id"] != other["task"]["task_id"]
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"tool": "send", "kind": "write", "args": {}}, ["body", "operation_id"]),
+        ({"tool": "send", "kind": "delete", "args": {}}, ["body", "kind"]),
+        ({"tool": "", "kind": "read"}, ["body", "tool"]),
+        ({"kind": "read"}, ["body", "tool"]),
+        ({"tool": "x", "kind": "read", "argz": {}}, ["body", "argz"]),
+    ],
+)
+def test_malformed_call_is_422_and_changes_nothing(
+    api: Api, body: dict[str, Any], loc: list[Any]
+) -> None:
+    a = Agent(api)
+    status, out = api.post(f"{a.base}/tool-calls", body)
+    assert status == 422 and loc in [e["loc"] for e in out["errors"]], out
+    assert api.get(a.base)[1]["task"]["used"]["tool_calls"] == 0
+
+
+def test_configured_kind_wins(make_app: AppFactory) -> None:
+    api = Api(make_app(tools={"update_order": {"kind": "write"}}).test_client())
+    a = Agent(api)
+    status, out = api.post(f"{a.base}/tool-calls", {"tool": "update_order", "kind": "read"})
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "kind"]
+
+
+def test_result_errors(api: Api) -> None:
+    a = Agent(api)
+    call = a.call("search", {"q": 1})
+    a.result(call, result={})
+    status, out = api.post(f"{a.base}/tool-calls/{call['call_id']}/result", {"status": "ok"})
+    assert status == 409
+    status, out = api.post(f"{a.base}/tool-calls/k0000000000000000/result", {"status": "ok"})
+    assert status == 404
+    status, out = api.post(
+        f"{a.base}/tool-calls/{call['call_id']}/result",
+        {"status": "ok", "evidence": {"revison": 1}},
+    )
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "evidence", "revison"]
+
+
+def test_unknown_policy_and_scopes(api: Api) -> None:
+    status, out = api.post("/v1/tasks", {"workflow": "wf-sheets", "policy": "nope"})
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "policy"]
+    a = Agent(api, workflow="wf-crm")
+    scoped = Api(api.client, SCOPED_TOKEN)
+    assert scoped.get(a.base)[0] == 403
+    assert scoped.post(f"{a.base}/tool-calls", {"tool": "x", "kind": "read"})[0] == 403
+    assert scoped.post("/v1/tasks", {})[0] == 403
+    assert api.get("/v1/tasks/t00000000000000000000")[0] == 404
+    assert api.get("/v1/tasks/nope")[0] == 422
+
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+def test_every_terminal_reason_is_reached_through_http() -> None:
+    """Runs last in this module: the reasons reached above plus the task scenarios."""
+    reached = set(REACHED)
+    for path in SCENARIOS.glob("task-*.json"):
+        text = path.read_text()
+        reached |= {r.value for r in EndReason if f'"reason": "{r.value}"' in text}
+    missing = {r.value for r in EndReason} - reached - {"unverified_result"}
+    assert not missing, missing
+    assert json.dumps(sorted(reached))
