@@ -227,48 +227,90 @@ class _Gunicorn(_gunicorn_base()):  # type: ignore[misc]
 
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "--store",
-    "store_url",
-    default=None,
-    help="Store URL to replay into (default: a temporary SQLite file).",
-)
-@click.option("--verbose", "-v", is_flag=True, help="Print every answer.")
-def replay(files: tuple[str, ...], store_url: str | None, verbose: bool) -> None:
-    """Replay scenario files (tests/scenarios/*.json) and compare every answer."""
+@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
+              help="A YAML file (limits, policies, tools, chains, operations...) replacing "
+                   "those sections of each scenario's configuration: tune limits on a "
+                   "captured incident before deploying them.")
+@click.option("--store", "store_url", default=None,
+              help="Store URL to replay into (default: a temporary SQLite file).")
+@click.option("--verbose", "-v", is_flag=True, help="Print every answer in full.")
+def replay(files: tuple[str, ...], policy_file: str | None, store_url: str | None,
+           verbose: bool) -> None:
+    """Replay scenario files (tests/scenarios/*.json): one line per step with its
+    decision, reason and counters, then the final envelope; exit 1 when an
+    expectation is not met."""
     from pathlib import Path
 
+    import yaml
     from pydantic import ValidationError
 
     from sidecar import replay as replayer
 
     if not verbose:
         logging.getLogger("loopstop.decisions").setLevel(logging.WARNING)
+    policy: dict[str, Any] = {}
+    if policy_file:
+        loaded = yaml.safe_load(Path(policy_file).read_text()) or {}
+        if not isinstance(loaded, dict):
+            click.echo(f"{policy_file}: the top level must be a mapping", err=True)
+            sys.exit(2)
+        policy = loaded
     failed = steps = 0
     for name in files:
         try:
             scenario = replayer.load(Path(name))
+            if policy:
+                scenario = scenario.model_copy(update={"config": {**scenario.config, **policy}})
         except (ValidationError, ValueError) as exc:
             click.echo(f"{name}: not a scenario file: {exc}", err=True)
             failed += 1
             continue
         click.echo(f"{name}: {scenario.name}")
-        for result in replayer.run(scenario, store_url):
+        envelope = None
+        try:
+            results = list(replayer.run(scenario, store_url))
+        except ConfigError as exc:
+            _print_problems(exc)
+            sys.exit(2)
+        for result in results:
             step = result.step
             what = (
                 (step.post and f"POST {step.post}")
                 or (step.get and f"GET {step.get}")
                 or f"advance {step.advance_s} s"
             )
-            mark = "ok " if result.ok else "FAIL"
-            click.echo(
-                f"  {mark} {result.index:>2} {what}" + (f"  ({step.note})" if step.note else "")
-            )
+            mark = "ok  " if result.ok else "FAIL"
+            click.echo(f"  {mark} {result.index:>2} {what}{_summary(result.body)}"
+                       + (f"  ({step.note})" if step.note else ""))
             if verbose and result.body is not None:
                 click.echo("       " + json.dumps(result.body, sort_keys=True))
             for problem in result.mismatches:
                 click.echo(f"       {problem}")
+            if isinstance(result.body, dict) and "envelope" in result.body:
+                envelope = result.body["envelope"]
             failed += not result.ok
             steps += 1
+        if envelope is not None:
+            click.echo("  final envelope: " + json.dumps(envelope, sort_keys=True))
     click.echo(f"{steps - failed} steps ok, {failed} failed")
     sys.exit(1 if failed else 0)
+
+
+def _summary(body: Any) -> str:
+    """`` -> decision/reason [counters]`` of an answer, for one replay line."""
+    if not isinstance(body, dict):
+        return ""
+    parts = []
+    if "decision" in body:
+        parts.append(str(body["decision"]) + (f"/{body['reason']}" if body.get("reason") else ""))
+    elif "operation" in body and isinstance(body["operation"], dict):
+        parts.append(str(body["operation"].get("state")))
+    elif "type" in body and "status" in body:
+        parts.append(f"{body['status']} {str(body['type']).rsplit(':', 1)[-1]}")
+    used = (body.get("task") or {}).get("used") if isinstance(body.get("task"), dict) else None
+    if used:
+        parts.append("[" + " ".join(f"{k}={used[k]}" for k in
+                                    ("model_calls", "tool_calls", "polls", "tokens")) + "]")
+    if "depth" in body and body.get("depth") is not None:
+        parts.append(f"depth={body['depth']}")
+    return ("  -> " + " ".join(parts)) if parts else ""
