@@ -15,16 +15,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import requests
 from flask import Flask, Response, g, request
 
-from sidecar.api import chains, meta, operations, problems, tasks
+from sidecar.api import chains, checks, meta, operations, problems, tasks
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable
 from sidecar.canonical import build_fingerprinter
+from sidecar.checks import Checks
 from sidecar.config import Settings, load_settings
 from sidecar.core.operations import Operation, OperationPolicy
 from sidecar.errors import ConfigError
 from sidecar.runtime import Runtime
+from sidecar.service.checks import CheckService
 from sidecar.service.gate import GateService
 from sidecar.service.operations import OperationService
 from sidecar.service.tasks import TaskService
@@ -47,6 +50,7 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     clock: Callable[[], float] | None = None,
     store: Store | None = None,
+    session: requests.Session | None = None,
     announce: bool = True,
 ) -> Flask:
     """Build the sidecar.
@@ -57,6 +61,7 @@ def create_app(
         (default ``os.environ``).
     :param clock: epoch seconds (default ``time.time``); tests inject one.
     :param store: an already open store (default: from ``settings.store``).
+    :param session: the HTTP session checks use (default: a new one).
     :param announce: log the unauthenticated-mode warning (``loopstop
         serve`` says it once in the master instead).
     :raises ConfigError: on any invalid setting, a missing secret for a
@@ -81,6 +86,16 @@ def create_app(
         clock,
     )
 
+    session = session or requests.Session()
+    session.trust_env = False  # no proxy or netrc from the environment for checks
+    check_service = CheckService(
+        store,
+        fingerprinter,
+        Checks(settings.checks, session, env),
+        settings.tasks.retention_s,
+        clock,
+    )
+
     app = Flask("sidecar")
     # The body limit is enforced by sidecar.api.body for Content-Length and
     # chunked bodies alike (werkzeug's own limit truncates chunked bodies).
@@ -94,7 +109,8 @@ def create_app(
         clock=clock,
         operations=ops,
         gate=GateService(store, fingerprinter, settings.chains, clock),
-        tasks=TaskService(store, fingerprinter, settings, ops, clock),
+        tasks=TaskService(store, fingerprinter, settings, ops, check_service, clock),
+        checks=check_service,
     )
 
     @app.before_request
@@ -121,6 +137,7 @@ def create_app(
     app.register_blueprint(operations.bp)
     app.register_blueprint(chains.bp)
     app.register_blueprint(tasks.bp)
+    app.register_blueprint(checks.bp)
     problems.register(app, _render_extra)
 
     if tokens.open and announce:

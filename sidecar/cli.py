@@ -227,15 +227,24 @@ class _Gunicorn(_gunicorn_base()):  # type: ignore[misc]
 
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
-              help="A YAML file (limits, policies, tools, chains, operations...) replacing "
-                   "those sections of each scenario's configuration: tune limits on a "
-                   "captured incident before deploying them.")
-@click.option("--store", "store_url", default=None,
-              help="Store URL to replay into (default: a temporary SQLite file).")
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A YAML file (limits, policies, tools, chains, operations...) replacing "
+    "those sections of each scenario's configuration: tune limits on a "
+    "captured incident before deploying them.",
+)
+@click.option(
+    "--store",
+    "store_url",
+    default=None,
+    help="Store URL to replay into (default: a temporary SQLite file).",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Print every answer in full.")
-def replay(files: tuple[str, ...], policy_file: str | None, store_url: str | None,
-           verbose: bool) -> None:
+def replay(
+    files: tuple[str, ...], policy_file: str | None, store_url: str | None, verbose: bool
+) -> None:
     """Replay scenario files (tests/scenarios/*.json): one line per step with its
     decision, reason and counters, then the final envelope; exit 1 when an
     expectation is not met."""
@@ -280,8 +289,10 @@ def replay(files: tuple[str, ...], policy_file: str | None, store_url: str | Non
                 or f"advance {step.advance_s} s"
             )
             mark = "ok  " if result.ok else "FAIL"
-            click.echo(f"  {mark} {result.index:>2} {what}{_summary(result.body)}"
-                       + (f"  ({step.note})" if step.note else ""))
+            click.echo(
+                f"  {mark} {result.index:>2} {what}{_summary(result.body)}"
+                + (f"  ({step.note})" if step.note else "")
+            )
             if verbose and result.body is not None:
                 click.echo("       " + json.dumps(result.body, sort_keys=True))
             for problem in result.mismatches:
@@ -309,8 +320,11 @@ def _summary(body: Any) -> str:
         parts.append(f"{body['status']} {str(body['type']).rsplit(':', 1)[-1]}")
     used = (body.get("task") or {}).get("used") if isinstance(body.get("task"), dict) else None
     if used:
-        parts.append("[" + " ".join(f"{k}={used[k]}" for k in
-                                    ("model_calls", "tool_calls", "polls", "tokens")) + "]")
+        parts.append(
+            "["
+            + " ".join(f"{k}={used[k]}" for k in ("model_calls", "tool_calls", "polls", "tokens"))
+            + "]"
+        )
     if "depth" in body and body.get("depth") is not None:
         parts.append(f"depth={body['depth']}")
     return ("  -> " + " ".join(parts)) if parts else ""

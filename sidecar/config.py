@@ -187,6 +187,17 @@ class HttpCheck(_Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @model_validator(mode="after")
+    def _fixed_host(self) -> HttpCheck:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("url must be an absolute http:// or https:// URL")
+        if "{" in parts.scheme + parts.netloc or parts.fragment:
+            raise ValueError("placeholders may stand in the path and the query only")
+        return self
+
 
 class JsonSchemaCheck(_Section):
     kind: Literal["json_schema"]

@@ -14,6 +14,7 @@ from flask import current_app
 from sidecar.auth import TokenTable
 from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
+from sidecar.service.checks import CheckService
 from sidecar.service.gate import GateService
 from sidecar.service.operations import OperationService
 from sidecar.service.tasks import TaskService
@@ -32,6 +33,7 @@ class Runtime:
     operations: OperationService
     gate: GateService
     tasks: TaskService
+    checks: CheckService
 
 
 def runtime() -> Runtime:

@@ -65,6 +65,11 @@ class ResultBody(RequestBody):
 
 
 class CompleteBody(RequestBody):
+    """With ``check`` (or the policy's ``exit_check``) the sidecar runs it on
+    ``input``; without one, trusted ``evidence`` with ``done: true`` completes."""
+
+    check: Name | None = None
+    input: JsonValue = None
     evidence: EvidenceBody | None = None
 
 
@@ -157,12 +162,23 @@ class ToolCallResponse(TaskResponse):
     message: str | None
 
 
+class CheckView(BaseModel):
+    """A check's verdict: never passes by default."""
+
+    passed: bool
+    reason: str
+    revision: int | None
+    evidence: dict[str, JsonValue]
+
+
 class ResultResponse(TaskResponse):
     decision: Literal["recorded", "ended"]
     reason: str | None
     message: str | None
+    check: CheckView | None = None
 
 
 class CompleteResponse(TaskResponse):
     decision: Literal["completed", "continue", "ended"]
     reason: str | None
+    check: CheckView | None = None

@@ -14,6 +14,7 @@ from sidecar.api.openapi import route
 from sidecar.api.task_models import (
     CALL_ID_PATTERN,
     TASK_ID_PATTERN,
+    CheckView,
     CompleteBody,
     CompleteResponse,
     ModelCallBody,
@@ -28,7 +29,15 @@ from sidecar.api.task_models import (
     ToolCallBody,
     ToolCallResponse,
 )
-from sidecar.core.guard import MESSAGES, EndReason, Task, ToolDecision, ToolResult
+from sidecar.checks import CheckResult
+from sidecar.core.guard import (
+    IN_PROGRESS_MESSAGE,
+    MESSAGES,
+    EndReason,
+    Task,
+    ToolDecision,
+    ToolResult,
+)
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.tasks import CallInput, CreateInput
@@ -169,8 +178,6 @@ def tool_call(task_id: str) -> Response:
     reason = None if out.reason is None else str(out.reason)
     message = _message(reason)
     if reason == "in_progress":
-        from sidecar.core.guard import IN_PROGRESS_MESSAGE
-
         message = IN_PROGRESS_MESSAGE
     replay = out.decision is ToolDecision.REPLAY and out.operation is not None
     _log(
@@ -216,7 +223,7 @@ def tool_result(task_id: str, call_id: str) -> Response:
         receipt=body.receipt,
         evidence=None if body.evidence is None else body.evidence.core(),
     )
-    task, out = rt.tasks.tool_result(
+    task, out, checked = rt.tasks.tool_result(
         g.principal, keys.namespace(body.execution_mode), _task_id(task_id), call_id, res
     )
     reason = None if out.reason is None else str(out.reason)
@@ -235,6 +242,7 @@ def tool_result(task_id: str, call_id: str) -> Response:
         decision=decision,
         reason=reason or (task.envelope or {}).get("reason"),
         message=_message(reason),
+        check=_check_view(checked),
     )
 
 
@@ -246,19 +254,34 @@ def tool_result(task_id: str, call_id: str) -> Response:
     body=CompleteBody,
     response=CompleteResponse,
     path_params=_PATH,
-    summary="Validate the exit: completed only on trusted evidence; continue or ended.",
+    summary="Validate the exit with a check or trusted evidence: completed, continue or ended.",
 )
 def complete(task_id: str) -> Response:
     body = parse_body(CompleteBody)
-    task, decision = runtime().tasks.complete(
+    task, decision, checked = runtime().tasks.complete(
         g.principal,
         keys.namespace(body.execution_mode),
         _task_id(task_id),
         None if body.evidence is None else body.evidence.core(),
+        body.check,
+        body.input,
     )
     reason = (task.envelope or {}).get("reason") if decision != "continue" else "check_failed"
     _log("tasks.complete", task, decision, reason)
-    return _answer(CompleteResponse, task, decision=decision, reason=reason)
+    return _answer(
+        CompleteResponse, task, decision=decision, reason=reason, check=_check_view(checked)
+    )
+
+
+def _check_view(checked: CheckResult | None) -> CheckView | None:
+    if checked is None:
+        return None
+    return CheckView(
+        passed=checked.passed,
+        reason=str(checked.reason),
+        revision=checked.revision,
+        evidence=checked.evidence,
+    )
 
 
 @route(

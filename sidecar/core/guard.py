@@ -572,13 +572,31 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class CheckVerdict:
+    """What a tool's configured check said of its result.
+
+    :ivar cannot_run: the system of record could not answer (unreachable,
+        timeout, bad response): nothing was learned.
+    :ivar revision: the revision the check read (a cursor check: records seen).
+    """
+
+    passed: bool
+    reason: str
+    revision: int | None = None
+    cannot_run: bool = False
+
+
+@dataclass(frozen=True)
 class ToolResult:
+    """A result as reported; with ``check``, the sidecar's own verdict replaces
+    the caller's evidence."""
+
     status: ResultStatus
     result_fp: str
     result: Any = None
     receipt: Any = None
     evidence: Evidence | None = None
-    check_failed: str | None = None  # unreachable / timeout / bad_response of a tool's check
+    check: CheckVerdict | None = None
 
 
 @dataclass(frozen=True)
@@ -613,6 +631,12 @@ def record_result(
     calls[index] = {**call, "status": str(res.status)}
     task = replace(task, calls=tuple(calls), updated_at=now)
 
+    check = res.check
+    if check is not None and not check.cannot_run:
+        # The tool's check is the evidence; the caller's is ignored.
+        revision = check.revision if check.revision is not None else task.validated_revision
+        res = replace(res, evidence=Evidence(revision=revision, done=None, effect=None))
+
     # The ledger first: what happened to the write is a fact whatever the task's fate.
     new_op: Operation | None = None
     uncertain: list[str] = []
@@ -636,12 +660,14 @@ def record_result(
             return ended(EndReason.INVALID_EVIDENCE)
         if ev.done and res.status is not ResultStatus.OK:
             return ended(EndReason.INVALID_EVIDENCE)
-    if res.check_failed is not None:
+    if check is not None and check.cannot_run:
         return ended(
             EndReason.UNKNOWN_COMMIT if kind is CallKind.WRITE else EndReason.UNVERIFIED_RESULT
         )
     if write_reason is not None:
         return ended(write_reason)
+    if check is not None and not check.passed and check.reason == "cycle":
+        return ended(EndReason.CYCLE)
 
     limits = task.limits
     if res.status is ResultStatus.FATAL:
@@ -669,16 +695,18 @@ def record_result(
             return ended(EndReason.POLL_STALLED)
         return task, new_op, ResultOutcome(None)
 
+    failed_check = check is not None and not check.passed
     progressed = (
         ev is not None
         and ev.revision is not None
         and (task.validated_revision is None or ev.revision > task.validated_revision)
+        and not failed_check
     )
     if progressed and ev is not None and ev.revision is not None:
         task = _progress(task, ev.revision, res.result)
     else:
         repeated = res.result_fp in task.results_seen
-        if (ev is not None and ev.revision is not None) or repeated:
+        if (ev is not None and ev.revision is not None) or repeated or failed_check:
             idle = task.used.idle + 1
             task = replace(task, used=replace(task.used, idle=idle))
             if idle >= limits.max_idle:
@@ -707,8 +735,11 @@ def _settle_write(
     oid = op.operation_id
     proven_absent = res.evidence is not None and res.evidence.effect == "not_committed"
     try:
-        if res.check_failed is not None:
-            new, _ = ledger.fail(op, oid, attempt, FailOutcome.UNKNOWN, res.check_failed, now)
+        if res.check is not None and (res.check.cannot_run or not res.check.passed):
+            # The system of record could not confirm the write: nobody knows.
+            new, _ = ledger.fail(
+                op, oid, attempt, FailOutcome.UNKNOWN, f"check: {res.check.reason}", now
+            )
             return new, EndReason.UNKNOWN_COMMIT, [oid]
         if res.status is ResultStatus.OK:
             if res.receipt is None:

@@ -21,6 +21,7 @@ pattern                         what
 ``<ns>:rate:wf:<wf>``           sliding-window counter of a workflow
 ``<ns>:task:<task_id>``         a guarded agent task (JSON)
 ``<ns>:taskkey:<wf>:<h(key)>``  the task made under a ``task_key`` (JSON)
+``<ns>:lineage:<task>:<check>``  pages a task read (cursor check) (JSON)
 ==============================  ==============================================
 
 ``h(...)`` is a keyed hash (:meth:`Fingerprinter.key_hash`): identities
@@ -88,3 +89,7 @@ def task(ns: str, task_id: str) -> str:
 
 def task_key(ns: str, workflow: str | None, key_hash: str) -> str:
     return f"{ns}:taskkey:{workflow or ''}:{key_hash}"
+
+
+def lineage(ns: str, task_id: str, check: str) -> str:
+    return f"{ns}:lineage:{task_id}:{check}"

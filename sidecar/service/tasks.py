@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
+from sidecar.checks import CheckResult
 from sidecar.config import Settings
 from sidecar.core import guard as core
 from sidecar.core import operations as ledger
@@ -26,6 +27,7 @@ from sidecar.core.guard import (
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy, OperationState
 from sidecar.errors import NotFound, ValidationFailed
 from sidecar.service import keys
+from sidecar.service.checks import CheckService, check_input, verdict
 from sidecar.service.operations import OperationService
 from sidecar.store import Plan, Snapshot, Store, Write
 
@@ -59,12 +61,14 @@ class TaskService:
         fingerprinter: Fingerprinter,
         settings: Settings,
         operations: OperationService,
+        checks: CheckService,
         clock: Callable[[], float],
     ) -> None:
         self.store = store
         self.fp = fingerprinter
         self.settings = settings
         self.operations = operations
+        self.checks = checks
         self.op_policy = OperationPolicy(
             settings.operations.max_attempts, settings.operations.retention_s
         )
@@ -273,35 +277,90 @@ class TaskService:
 
     def tool_result(
         self, principal: Principal, ns: str, task_id: str, call_id: str, res: ToolResult
-    ) -> tuple[Task, ResultOutcome]:
-        """Record a call's result (and settle its write in the ledger)."""
-        now = self.clock()
-        key = keys.task(ns, task_id)
+    ) -> tuple[Task, ResultOutcome, CheckResult | None]:
+        """Record a call's result (and settle its write in the ledger).
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, ResultOutcome]]:
+        When the call's tool names a check, the sidecar runs it (its outside
+        parts before the transaction) and its verdict replaces the caller's
+        evidence.
+        """
+        key = keys.task(ns, task_id)
+        check_name = self._tool_check(principal, key, task_id, call_id)
+        data = check_input(res.result, res.receipt)
+        fetched = self.checks.checks.prefetch(check_name, data) if check_name else {}
+        now = self.clock()
+
+        def decide(snap: Snapshot) -> Plan[tuple[Task, ResultOutcome, CheckResult | None]]:
             task = self._scoped(principal, snap.get(key), task_id)
             call = next((c for c in task.calls if c["call_id"] == call_id), None)
             op = None
             if call is not None and call.get("operation_id") and call["kind"] == CallKind.WRITE:
                 op = Operation.from_doc(snap.get(keys.operation(ns, call["operation_id"])))
-            new, new_op, out = core.record_result(task, call_id, res, op, now)
-            plan: Plan[tuple[Task, ResultOutcome]] = Plan((new, out))
+            plan: Plan[tuple[Task, ResultOutcome, CheckResult | None]] = Plan(
+                (task, ResultOutcome(None), None)
+            )
+            checked: CheckResult | None = None
+            given = res
+            if check_name is not None:
+                part = self.checks.store_part(snap, plan, principal, ns, task_id, now)
+                checked = self.checks.checks.run(check_name, data, fetched, part)
+                given = replace(res, check=verdict(checked))
+            new, new_op, out = core.record_result(task, call_id, given, op, now)
+            plan.result = (new, out, checked)
             self._write_task(plan, snap, ns, new, now, task)
             self._write_op(plan, ns, new_op)
             return plan
 
         return self.store.transact([key], decide)
 
-    def complete(
-        self, principal: Principal, ns: str, task_id: str, evidence: Evidence | None
-    ) -> tuple[Task, str]:
-        now = self.clock()
-        key = keys.task(ns, task_id)
+    def _tool_check(self, principal: Principal, key: str, task_id: str, call_id: str) -> str | None:
+        """The check configured for the tool of ``call_id`` (read before any I/O)."""
+        task = self._scoped(principal, self.store.get(key), task_id)
+        call = next((c for c in task.calls if c["call_id"] == call_id), None)
+        if call is None:
+            return None
+        tool = self.settings.tools.get(call["tool"])
+        return None if tool is None else tool.check
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, str]]:
+    def complete(
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        evidence: Evidence | None,
+        check: str | None,
+        data: Any,
+    ) -> tuple[Task, str, CheckResult | None]:
+        """Validate the task's exit: with a check (named, or the policy's
+        ``exit_check``) the sidecar runs it on ``data``; else trusted evidence.
+
+        :raises ValidationFailed: the named check does not exist.
+        """
+        key = keys.task(ns, task_id)
+        task = self._scoped(principal, self.store.get(key), task_id)
+        name = check or (
+            self.settings.policies[task.policy].exit_check
+            if task.policy in self.settings.policies
+            else None
+        )
+        if name is not None and name not in self.checks.checks:
+            raise ValidationFailed([{"loc": ["body", "check"], "msg": f"no check {name!r}"}])
+        fetched = self.checks.checks.prefetch(name, data) if name else {}
+        now = self.clock()
+
+        def decide(snap: Snapshot) -> Plan[tuple[Task, str, CheckResult | None]]:
             task = self._scoped(principal, snap.get(key), task_id)
-            new, decision = core.complete(task, evidence, None, now)
-            plan: Plan[tuple[Task, str]] = Plan((new, decision))
+            plan: Plan[tuple[Task, str, CheckResult | None]] = Plan((task, "ended", None))
+            checked = None
+            if name is not None:
+                part = self.checks.store_part(snap, plan, principal, ns, task_id, now)
+                checked = self.checks.checks.run(name, data, fetched, part)
+            passed = None if checked is None else checked.passed
+            ev = evidence
+            if checked is not None and checked.revision is not None:
+                ev = Evidence(revision=checked.revision)
+            new, decision = core.complete(task, ev, passed, now)
+            plan.result = (new, decision, checked)
             if new != task:
                 self._write_task(plan, snap, ns, new, now, task)
             return plan

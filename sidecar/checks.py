@@ -1,0 +1,364 @@
+"""Checks: validated business exits against the system of record (DESIGN §4).
+
+A check answers whether a claim holds: the order is confirmed, the comment
+exists, every page was read, every write committed. A model's ``done: true``
+is never enough. Checks are named in the configuration and run by the
+sidecar; this is the only part of loopstop that makes outbound requests,
+through an injected :class:`requests.Session`, and never inside a store
+transaction.
+
+A check never passes by default: a system of record that cannot answer
+fails the check with ``unreachable``, ``timeout`` or ``bad_response``.
+
+Kinds:
+
+- ``http``: a request whose URL template is fixed in configuration;
+  placeholders (``{order_id}``, or any JMESPath such as ``{result.id}``)
+  are filled from the input and percent-encoded into the path and the query
+  only, never the scheme or host (no SSRF); no redirects are followed;
+  expected statuses; JMESPath assertions that must all be truthy; an
+  optional JMESPath giving the integer revision.
+- ``json_schema``: the input (or a JMESPath into it) validates against a
+  JSON Schema (draft 2020-12).
+- ``cursor``: pagination lineage per task; pure store logic, see
+  :func:`cursor_step`.
+- ``operations``: every listed operation id is ``committed``.
+- ``all`` / ``any``: combinations.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import jmespath
+import jsonschema
+import requests
+
+from sidecar.config import (
+    CheckConfig,
+    CombinedCheck,
+    CursorCheck,
+    HttpCheck,
+    JsonSchemaCheck,
+    OperationsCheck,
+)
+
+
+class CheckReason(StrEnum):
+    PASSED = "passed"
+    UNEXPECTED_STATUS = "unexpected_status"
+    ASSERTION_FAILED = "assertion_failed"
+    SCHEMA_INVALID = "schema_invalid"
+    CYCLE = "cycle"
+    NO_NEW_RECORDS = "no_new_records"
+    NOT_COMMITTED = "not_committed"
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    BAD_RESPONSE = "bad_response"
+    MISSING_INPUT = "missing_input"
+
+
+#: Reasons that mean the system of record could not answer (nothing was learned).
+CANNOT_RUN = frozenset({CheckReason.UNREACHABLE, CheckReason.TIMEOUT, CheckReason.BAD_RESPONSE})
+
+_PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A verdict: ``passed``, the ``reason``, an optional ``revision`` and evidence.
+
+    ``evidence`` never holds secrets (no request headers).
+    """
+
+    passed: bool
+    reason: CheckReason
+    revision: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cannot_run(self) -> bool:
+        return self.reason in CANNOT_RUN
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "reason": str(self.reason),
+            "revision": self.revision,
+            "evidence": self.evidence,
+        }
+
+
+def fill_url(template: str, data: Any) -> str:
+    """The URL of an ``http`` check, placeholders filled from ``data``.
+
+    Placeholders stand only in the path and the query (the configuration is
+    validated so). Each value is percent-encoded as one path segment (``/``,
+    ``..`` and ``@`` cannot escape it) or one query value.
+
+    :raises KeyError: a placeholder finds no value in ``data``.
+    """
+    parts = urlsplit(template)
+
+    def fill(text: str, encode: Callable[[str], str]) -> str:
+        def one(match: re.Match[str]) -> str:
+            value = jmespath.search(match.group(1).strip(), data)
+            if value is None or isinstance(value, dict | list):
+                raise KeyError(match.group(1))
+            text_value = str(value).lower() if isinstance(value, bool) else str(value)
+            return encode(text_value)
+
+        return _PLACEHOLDER.sub(one, text)
+
+    def path_segment(value: str) -> str:
+        return quote(value, safe="").replace(".", "%2E")
+
+    def query_value(value: str) -> str:
+        return quote(value, safe="")
+
+    return urlunsplit(
+        (
+            parts.scheme,
+            parts.netloc,
+            fill(parts.path, path_segment),
+            fill(parts.query, query_value),
+            "",
+        )
+    )
+
+
+def _env_headers(cfg: HttpCheck, environ: Mapping[str, str]) -> dict[str, str]:
+    headers = {}
+    for name, value in cfg.headers.items():
+        headers[name] = (
+            value if isinstance(value, str) else value.prefix + environ.get(value.env, "")
+        )
+    return headers
+
+
+def run_http(
+    cfg: HttpCheck, data: Any, session: requests.Session, environ: Mapping[str, str]
+) -> CheckResult:
+    """Ask the system of record (one request, no redirects, bounded time)."""
+    try:
+        url = fill_url(cfg.url, data)
+    except KeyError as exc:
+        return CheckResult(
+            False, CheckReason.MISSING_INPUT, evidence={"missing": str(exc).strip("'")}
+        )
+    evidence: dict[str, Any] = {"method": cfg.method, "url": url}
+    started = time.perf_counter()
+    try:
+        resp = session.request(
+            cfg.method,
+            url,
+            headers=_env_headers(cfg, environ),
+            allow_redirects=False,
+            timeout=(min(cfg.timeout_s, 3.0), cfg.timeout_s),
+        )
+    except requests.Timeout:
+        return CheckResult(
+            False, CheckReason.TIMEOUT, evidence={**evidence, "timeout_s": cfg.timeout_s}
+        )
+    except requests.RequestException as exc:
+        return CheckResult(
+            False, CheckReason.UNREACHABLE, evidence={**evidence, "error": type(exc).__name__}
+        )
+    evidence["status"] = resp.status_code
+    evidence["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    if resp.status_code not in cfg.expect_status:
+        return CheckResult(False, CheckReason.UNEXPECTED_STATUS, evidence=evidence)
+    if not cfg.assert_ and cfg.revision is None:
+        return CheckResult(True, CheckReason.PASSED, evidence=evidence)
+    try:
+        body = resp.json()
+    except ValueError:
+        return CheckResult(
+            False, CheckReason.BAD_RESPONSE, evidence={**evidence, "error": "the body is not JSON"}
+        )
+    results = []
+    for expr in cfg.assert_:
+        try:
+            ok = bool(jmespath.search(expr, body))
+        except jmespath.exceptions.JMESPathError:
+            ok = False
+        results.append({"assert": expr, "ok": ok})
+    evidence["assertions"] = results
+    revision = None
+    if cfg.revision is not None:
+        value = jmespath.search(cfg.revision, body)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (isinstance(value, float) and (not math.isfinite(value) or value != int(value)))
+            or value < 0
+        ):
+            return CheckResult(
+                False,
+                CheckReason.BAD_RESPONSE,
+                evidence={**evidence, "error": f"revision is not an integer: {cfg.revision}"},
+            )
+        revision = int(value)
+    if not all(r["ok"] for r in results):
+        return CheckResult(False, CheckReason.ASSERTION_FAILED, revision, evidence)
+    return CheckResult(True, CheckReason.PASSED, revision, evidence)
+
+
+def run_json_schema(cfg: JsonSchemaCheck, data: Any) -> CheckResult:
+    """Validate the input (or ``path`` into it) against the schema (draft 2020-12)."""
+    target = jmespath.search(cfg.path, data) if cfg.path else data
+    validator = jsonschema.Draft202012Validator(cfg.schema_)
+    errors = sorted(validator.iter_errors(target), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        return CheckResult(
+            False,
+            CheckReason.SCHEMA_INVALID,
+            evidence={
+                "errors": [{"path": list(e.absolute_path), "msg": e.message} for e in errors[:5]],
+                "count": len(errors),
+                "first": first.message,
+            },
+        )
+    return CheckResult(True, CheckReason.PASSED)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What a task has paged through: cursors seen and record-id fingerprints seen."""
+
+    cursors: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+
+
+#: How many record ids (as short fingerprints) one lineage keeps.
+MAX_LINEAGE_IDS = 50_000
+
+
+def cursor_step(
+    lineage: Lineage, cursor_fp: str | None, id_fps: Iterable[str]
+) -> tuple[Lineage, CheckResult]:
+    """One page of a pagination lineage (pure).
+
+    A page with record ids not seen before passes, whatever its cursor (some
+    APIs advance server-side behind a constant handle); a cursor seen before
+    with no new ids fails ``cycle``; any other page with no new ids fails
+    ``no_new_records``. The revision is the number of distinct ids seen.
+    """
+    seen = set(lineage.ids)
+    fresh = list(dict.fromkeys(i for i in id_fps if i not in seen))
+    repeated_cursor = cursor_fp is not None and cursor_fp in lineage.cursors
+    ids = (*lineage.ids, *fresh)[-MAX_LINEAGE_IDS:]
+    cursors = (
+        lineage.cursors if cursor_fp is None or repeated_cursor else (*lineage.cursors, cursor_fp)
+    )
+    new = Lineage(tuple(cursors)[-1000:], tuple(ids))
+    evidence = {
+        "new_records": len(fresh),
+        "records_seen": len(ids),
+        "cursor_seen_before": repeated_cursor,
+    }
+    if fresh:
+        return new, CheckResult(True, CheckReason.PASSED, len(ids), evidence)
+    reason = CheckReason.CYCLE if repeated_cursor else CheckReason.NO_NEW_RECORDS
+    return new, CheckResult(False, reason, len(ids), evidence)
+
+
+def combine(kind: str, results: list[CheckResult]) -> CheckResult:
+    """``all``: every part passes (the first failure's reason otherwise);
+    ``any``: one part passes. Revision: the highest a part reported."""
+    revisions = [r.revision for r in results if r.revision is not None]
+    revision = max(revisions) if revisions else None
+    evidence = {"parts": [r.as_dict() for r in results]}
+    if kind == "all":
+        failed = next((r for r in results if not r.passed), None)
+        if failed is None:
+            return CheckResult(True, CheckReason.PASSED, revision, evidence)
+        return CheckResult(False, failed.reason, revision, evidence)
+    passed = next((r for r in results if r.passed), None)
+    if passed is not None:
+        return CheckResult(True, CheckReason.PASSED, revision, evidence)
+    reason = results[-1].reason if results else CheckReason.ASSERTION_FAILED
+    return CheckResult(False, reason, revision, evidence)
+
+
+StorePart = Callable[[str, Any], CheckResult]
+
+
+class Checks:
+    """The configured checks, runnable by name.
+
+    Running is two-phase so that no request is ever made inside a store
+    transaction: :meth:`prefetch` runs the parts that ask the outside world
+    (``http``, ``json_schema``), then :meth:`run` combines those results
+    with the parts that read the store (``cursor``, ``operations``), which
+    the caller runs inside its transaction.
+
+    :param checks: the configuration's ``checks`` section.
+    :param session: the HTTP session (tests inject theirs).
+    :param environ: where header secrets are read.
+    """
+
+    def __init__(
+        self,
+        checks: Mapping[str, CheckConfig],
+        session: requests.Session,
+        environ: Mapping[str, str],
+    ) -> None:
+        self.configs = dict(checks)
+        self.session = session
+        self.environ = environ
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.configs
+
+    def kind(self, name: str) -> str:
+        return self.configs[name].kind
+
+    def needs_store(self, name: str) -> bool:
+        """True when the check (or a part of it) reads the store (cursor, operations)."""
+        cfg = self.configs[name]
+        if isinstance(cfg, CombinedCheck):
+            return any(self.needs_store(n) for n in cfg.of)
+        return isinstance(cfg, CursorCheck | OperationsCheck)
+
+    def prefetch(self, name: str, data: Any) -> dict[str, CheckResult]:
+        """Run every outside part of ``name`` now (outside any transaction)."""
+        cfg = self.configs[name]
+        if isinstance(cfg, CombinedCheck):
+            out: dict[str, CheckResult] = {}
+            for part in cfg.of:
+                out.update(self.prefetch(part, data))
+            return out
+        if isinstance(cfg, HttpCheck):
+            return {name: run_http(cfg, data, self.session, self.environ)}
+        if isinstance(cfg, JsonSchemaCheck):
+            return {name: run_json_schema(cfg, data)}
+        return {}
+
+    def run(
+        self,
+        name: str,
+        data: Any,
+        fetched: Mapping[str, CheckResult],
+        store_part: StorePart | None = None,
+    ) -> CheckResult:
+        """The verdict of ``name`` from prefetched parts and store parts.
+
+        :raises KeyError: a store part is needed and no ``store_part`` was given.
+        """
+        cfg = self.configs[name]
+        if isinstance(cfg, CombinedCheck):
+            return combine(cfg.kind, [self.run(p, data, fetched, store_part) for p in cfg.of])
+        if name in fetched:
+            return fetched[name]
+        if store_part is None:
+            raise KeyError(name)
+        return store_part(name, data)

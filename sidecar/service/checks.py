@@ -1,0 +1,144 @@
+"""Running checks: outside parts before a transaction, store parts inside it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jmespath
+
+from sidecar.auth import Principal
+from sidecar.canonical import Fingerprinter, canonical_json
+from sidecar.checks import CheckReason, CheckResult, Checks, Lineage, StorePart, cursor_step
+from sidecar.config import CursorCheck, OperationsCheck
+from sidecar.core.guard import CheckVerdict, Task
+from sidecar.core.operations import Operation, OperationState, observe
+from sidecar.errors import NotFound
+from sidecar.service import keys
+from sidecar.store import Plan, Snapshot, Store, Write
+
+
+def verdict(result: CheckResult) -> CheckVerdict:
+    """The part of a check's result the task guard decides on."""
+    return CheckVerdict(result.passed, str(result.reason), result.revision, result.cannot_run)
+
+
+class CheckService:
+    """Runs configured checks by name (``POST /v1/checks/{name}``) and lends the
+    task and ledger services the store parts of a check."""
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprinter: Fingerprinter,
+        checks: Checks,
+        retention_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.fp = fingerprinter
+        self.checks = checks
+        self.retention_s = retention_s
+        self.clock = clock
+
+    def names(self) -> list[tuple[str, str]]:
+        return sorted((name, cfg.kind) for name, cfg in self.checks.configs.items())
+
+    def store_part(
+        self,
+        snap: Snapshot,
+        plan: Plan[Any],
+        principal: Principal,
+        ns: str,
+        task_id: str | None,
+        now: float,
+    ) -> StorePart:
+        """The store-reading parts of checks, bound to one transaction."""
+
+        def part(name: str, data: Any) -> CheckResult:
+            cfg = self.checks.configs[name]
+            if isinstance(cfg, OperationsCheck):
+                return self._operations(cfg, data, snap, principal, ns, now)
+            assert isinstance(cfg, CursorCheck)
+            if task_id is None:
+                return CheckResult(
+                    False, CheckReason.MISSING_INPUT, evidence={"missing": "task_id"}
+                )
+            key = keys.lineage(ns, task_id, name)
+            doc = snap.get(key)
+            lineage = Lineage(tuple(doc["cursors"]), tuple(doc["ids"])) if doc else Lineage()
+            cursor = jmespath.search(cfg.cursor, data)
+            records = jmespath.search(cfg.records, data)
+            ids = records if isinstance(records, list) else []
+            cursor_fp = (
+                None
+                if cursor is None
+                else self.fp.key_hash("cursor", canonical_json(cursor).decode())[:16]
+            )
+            id_fps = [self.fp.key_hash("record", canonical_json(i).decode())[:16] for i in ids]
+            new, result = cursor_step(lineage, cursor_fp, id_fps)
+            plan.writes[key] = Write(
+                {"cursors": list(new.cursors), "ids": list(new.ids)}, self.retention_s
+            )
+            return result
+
+        return part
+
+    @staticmethod
+    def _operations(
+        cfg: OperationsCheck, data: Any, snap: Snapshot, principal: Principal, ns: str, now: float
+    ) -> CheckResult:
+        ids = jmespath.search(cfg.operations, data)
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return CheckResult(
+                False, CheckReason.MISSING_INPUT, evidence={"missing": cfg.operations}
+            )
+        states: dict[str, str] = {}
+        for oid in ids:
+            op = Operation.from_doc(snap.get(keys.operation(ns, oid)))
+            if op is None or not principal.allows(op.workflow):
+                states[oid] = "missing"
+            else:
+                states[oid] = str(observe(op, now).state)
+        committed = all(v == OperationState.COMMITTED for v in states.values())
+        evidence = {"operations": states}
+        if committed:
+            return CheckResult(True, CheckReason.PASSED, evidence=evidence)
+        return CheckResult(False, CheckReason.NOT_COMMITTED, evidence=evidence)
+
+    def run(
+        self, principal: Principal, ns: str, name: str, data: Any, task_id: str | None
+    ) -> CheckResult:
+        """Run ``name`` on ``data``; ``task_id`` scopes a cursor lineage.
+
+        :raises NotFound: no such check, or no such task.
+        :raises Forbidden: the task belongs to a workflow outside the scope.
+        """
+        if name not in self.checks:
+            raise NotFound(f"no check named {name!r}")
+        fetched = self.checks.prefetch(name, data)
+        if not self.checks.needs_store(name):
+            return self.checks.run(name, data, fetched)
+        now = self.clock()
+        task_key = keys.task(ns, task_id) if task_id else None
+
+        def decide(snap: Snapshot) -> Plan[CheckResult]:
+            if task_key is not None:
+                task = Task.from_doc(snap.get(task_key))
+                if task is None:
+                    raise NotFound(f"no task {task_id!r}")
+                principal.require(task.workflow, of_record=True)
+            plan: Plan[CheckResult] = Plan(CheckResult(False, CheckReason.MISSING_INPUT))
+            part = self.store_part(snap, plan, principal, ns, task_id, now)
+            plan.result = self.checks.run(name, data, fetched, part)
+            return plan
+
+        return self.store.transact([task_key] if task_key else [], decide)
+
+
+def check_input(result: Any, receipt: Any) -> Mapping[str, Any]:
+    """What a tool's check sees: the result object, with ``receipt`` beside it."""
+    data = dict(result) if isinstance(result, dict) else {"result": result}
+    if receipt is not None:
+        data.setdefault("receipt", receipt)
+    return data
