@@ -78,22 +78,20 @@ def create_app(
     store.ensure_schema()
     tokens = TokenTable(settings.tokens, env)
     clock = clock or time.time
+    session = session or requests.Session()
+    session.trust_env = False  # no proxy or netrc from the environment for checks
+    configured_checks = Checks(settings.checks, session, env)
     ops = OperationService(
         store,
         fingerprinter,
         OperationPolicy(settings.operations.max_attempts, settings.operations.retention_s),
         settings.operations.lease_s,
         clock,
+        configured_checks,
     )
 
-    session = session or requests.Session()
-    session.trust_env = False  # no proxy or netrc from the environment for checks
     check_service = CheckService(
-        store,
-        fingerprinter,
-        Checks(settings.checks, session, env),
-        settings.tasks.retention_s,
-        clock,
+        store, fingerprinter, configured_checks, settings.tasks.retention_s, clock
     )
 
     app = Flask("sidecar")

@@ -287,12 +287,14 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])
         msg = err["msg"]
-        if err["type"] == "value_error" and msg.startswith("Value error, "):
-            # Cross-reference errors carry their own paths.
-            for part in msg.removeprefix("Value error, ").split("; "):
-                where, _, what = part.partition(": ")
-                out.append((where, what))
-            continue
+        if err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            if not err["loc"]:
+                # Cross-reference errors of the whole file carry their own paths.
+                for part in msg.split("; "):
+                    where, _, what = part.partition(": ")
+                    out.append((where, what))
+                continue
         out.append((path, msg))
     return out
 

@@ -53,15 +53,26 @@ def test_replay_with_a_policy_file_tunes_limits(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"]}
     same = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env, check=False)
     assert same.returncode == 0 and "drop/chain_depth depth=4" in same.stdout
-    tuned = subprocess.run([*run, "--policy", str(policy)], capture_output=True, text=True,
-                           timeout=60, env=env, check=False)
+    tuned = subprocess.run(
+        [*run, "--policy", str(policy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert tuned.returncode == 1 and "proceed/reentry depth=4" in tuned.stdout
 
 
 def test_replay_prints_the_final_envelope() -> None:
     scenario = Path(__file__).parent / "scenarios" / "task-global-budget-keeps-last-state.json"
-    out = subprocess.run([sys.executable, "-m", "sidecar", "replay", str(scenario)],
-                         capture_output=True, text=True, timeout=60, check=False,
-                         env={"PATH": os.environ["PATH"]})
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "replay", str(scenario)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ["PATH"]},
+    )
     assert out.returncode == 0
     assert '"reason": "tool_budget"' in out.stdout.split("final envelope:")[1]

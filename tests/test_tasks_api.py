@@ -277,6 +277,17 @@ def test_unknown_policy_and_scopes(api: Api) -> None:
     assert api.get("/v1/tasks/nope")[0] == 422
 
 
+def test_unverified_result_when_the_tools_check_cannot_run(make_app: AppFactory) -> None:
+    api = Api(
+        make_app(
+            checks={"down": {"kind": "http", "url": "http://127.0.0.1:9/x/{id}", "timeout_s": 1}},
+            tools={"lookup": {"kind": "read", "check": "down"}},
+        ).test_client()
+    )
+    a = Agent(api)
+    ended(a.result(a.call("lookup", {"id": 1}), result={"id": 1}), "blocked", "unverified_result")
+
+
 SCENARIOS = Path(__file__).parent / "scenarios"
 
 
@@ -286,6 +297,6 @@ def test_every_terminal_reason_is_reached_through_http() -> None:
     for path in SCENARIOS.glob("task-*.json"):
         text = path.read_text()
         reached |= {r.value for r in EndReason if f'"reason": "{r.value}"' in text}
-    missing = {r.value for r in EndReason} - reached - {"unverified_result"}
+    missing = {r.value for r in EndReason} - reached
     assert not missing, missing
     assert json.dumps(sorted(reached))

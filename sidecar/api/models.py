@@ -40,6 +40,15 @@ class RequestBody(BaseModel):
     execution_mode: ExecutionModeField = "production"
 
 
+class ReconcileSpec(BaseModel):
+    """How a later ``begin`` asks the receiver when the outcome is unknown."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    check: Name
+    input: JsonValue = None
+
+
 class BeginBody(RequestBody):
     """``POST /v1/operations/{operation_id}/begin``."""
 
@@ -51,6 +60,11 @@ class BeginBody(RequestBody):
     chain_id: Name | None = None
     lease_s: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
         default=None, description="Seconds this attempt holds the operation (default 60)."
+    )
+    reconcile: ReconcileSpec | None = Field(
+        default=None,
+        description="A configured check (and its input) a later begin runs when the "
+        "outcome is unknown: found -> replay, proven absent -> execute.",
     )
 
 

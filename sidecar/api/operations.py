@@ -62,7 +62,21 @@ def begin(operation_id: str) -> Response:
         fingerprints = runtime().fingerprinter.fingerprints(body.payload)
     except ValueError as exc:
         raise ValidationFailed([{"loc": ["body", "payload"], "msg": str(exc)}]) from exc
-    inp = BeginInput(fingerprints, body.workflow, body.task_id, body.chain_id, body.lease_s)
+    reconcile = None
+    if body.reconcile is not None:
+        if body.reconcile.check not in runtime().settings.checks:
+            raise ValidationFailed(
+                [
+                    {
+                        "loc": ["body", "reconcile", "check"],
+                        "msg": f"no check named {body.reconcile.check!r}",
+                    }
+                ]
+            )
+        reconcile = body.reconcile.model_dump(mode="json")
+    inp = BeginInput(
+        fingerprints, body.workflow, body.task_id, body.chain_id, body.lease_s, reconcile
+    )
     outcome = runtime().operations.begin(g.principal, ns, operation_id, inp)
     op = outcome.operation
     log_decision(

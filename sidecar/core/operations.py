@@ -73,6 +73,8 @@ class BeginReason(StrEnum):
     ATTEMPTS_USED = "max_attempts"
     WORKFLOW_STOPPED = "workflow_stopped"
     CHAIN_STOPPED = "chain_stopped"
+    RECONCILED_COMMITTED = "reconciled_committed"
+    RECONCILED_NOT_COMMITTED = "reconciled_not_committed"
 
 
 class FailOutcome(StrEnum):
@@ -100,6 +102,8 @@ class Operation:
         ``unknown``, when the outcome became unknown; else None.
     :ivar last_failure: ``{attempt, outcome, detail, at}`` of the latest ``fail``.
     :ivar reconciliation: ``{outcome, evidence, actor, at}`` once reconciled.
+    :ivar reconcile_check: ``{check, input}``: how a later ``begin`` may ask the
+        receiver when the outcome is unknown.
     """
 
     operation_id: str
@@ -117,6 +121,7 @@ class Operation:
     result: Any = None
     last_failure: dict[str, Any] | None = None
     reconciliation: dict[str, Any] | None = None
+    reconcile_check: dict[str, Any] | None = None
 
     def to_doc(self) -> dict[str, Any]:
         """A JSON-ready dict (the stored document)."""
@@ -151,6 +156,7 @@ class BeginRequest:
     task_id: str | None = None
     chain_id: str | None = None
     lease_s: float = 60.0
+    reconcile_check: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,7 @@ def begin(
             created_at=now,
             updated_at=now,
             lease_expires_at=now + req.lease_s,
+            reconcile_check=req.reconcile_check,
         )
         return new, BeginOutcome(BeginDecision.EXECUTE, BeginReason.NEW, new)
     if not same_payload(op, req.fingerprints):
@@ -404,3 +411,65 @@ def reconcile(
         reconciliation={"outcome": str(outcome), "evidence": evidence, "actor": actor, "at": now},
     )
     return new, new
+
+
+@dataclass(frozen=True)
+class CheckFinding:
+    """What a reconcile check found at the receiver.
+
+    :ivar found: the record is there as the write would have left it.
+    :ivar absent: the receiver proved it is not there (404 / 410).
+    """
+
+    check: str
+    found: bool
+    absent: bool
+    evidence: dict[str, Any]
+
+
+def begin_after_check(
+    op: Operation | None,
+    req: BeginRequest,
+    finding: CheckFinding,
+    policy: OperationPolicy,
+    now: float,
+    stopped: BeginReason | None = None,
+) -> tuple[Operation | None, BeginOutcome]:
+    """A ``begin`` that found the operation ``unknown`` and asked the receiver.
+
+    Applied with a compare-and-set after the check ran outside the store
+    transaction: if the operation is no longer unknown, the check's finding
+    is ignored and ``begin`` decides on what is stored. Found -> committed
+    -> ``replay``; proven absent -> not committed -> ``execute`` (attempt
+    + 1, within ``max_attempts``); undecided -> ``reconcile``.
+    """
+    if op is None or stopped is not None:
+        return begin(op, req, policy, now, stopped)
+    seen = observe(op, now)
+    if seen.state is not OperationState.UNKNOWN or not same_payload(op, req.fingerprints):
+        return begin(op, req, policy, now, stopped)
+    actor = f"check:{finding.check}"
+    if finding.found:
+        settled, _ = reconcile(
+            op,
+            op.operation_id,
+            ReconcileOutcome.COMMITTED,
+            {"check": finding.check, "evidence": finding.evidence},
+            finding.evidence,
+            actor,
+            now,
+        )
+        assert settled is not None
+        return settled, BeginOutcome(
+            BeginDecision.REPLAY, BeginReason.RECONCILED_COMMITTED, settled
+        )
+    if finding.absent:
+        settled, _ = reconcile(
+            op, op.operation_id, ReconcileOutcome.NOT_COMMITTED, None, finding.evidence, actor, now
+        )
+        assert settled is not None
+        new, out = begin(settled, req, policy, now)
+        if out.decision is BeginDecision.EXECUTE:
+            return new, replace(out, reason=BeginReason.RECONCILED_NOT_COMMITTED)
+        return new or settled, out
+    return begin(op, req, policy, now)

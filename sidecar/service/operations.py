@@ -13,12 +13,15 @@ from typing import Any
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
+from sidecar.checks import CheckReason, Checks
 from sidecar.core import operations as core
 from sidecar.core.operations import (
     OPEN_STATES,
+    BeginDecision,
     BeginOutcome,
     BeginReason,
     BeginRequest,
+    CheckFinding,
     FailOutcome,
     Operation,
     OperationPolicy,
@@ -40,6 +43,7 @@ class BeginInput:
     task_id: str | None
     chain_id: str | None
     lease_s: float | None
+    reconcile: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class OperationService:
     :param policy: attempts and retention.
     :param default_lease_s: the lease when ``begin`` names none.
     :param clock: epoch seconds; read once per request, before the transaction.
+    :param checks: the configured checks, for reconcile-by-check.
     """
 
     def __init__(
@@ -67,7 +72,9 @@ class OperationService:
         policy: OperationPolicy,
         default_lease_s: float,
         clock: Callable[[], float],
+        checks: Checks | None = None,
     ) -> None:
+        self.checks = checks
         self.store = store
         self.fingerprinter = fingerprinter
         self.policy = policy
@@ -93,7 +100,7 @@ class OperationService:
 
     @staticmethod
     def _stopped(
-        snap: Snapshot, ns: str, workflow: str | None, chain_id: str | None
+        snap: Snapshot, workflow: str | None, chain_id: str | None, ns: str
     ) -> BeginReason | None:
         if workflow is not None and snap.get(keys.workflow_stop(workflow)) is not None:
             return BeginReason.WORKFLOW_STOPPED
@@ -121,6 +128,7 @@ class OperationService:
             task_id=body.task_id,
             chain_id=body.chain_id,
             lease_s=body.lease_s or self.default_lease_s,
+            reconcile_check=body.reconcile,
         )
         key = keys.operation(ns, operation_id)
         declared = [key]
@@ -129,18 +137,43 @@ class OperationService:
         if body.chain_id is not None:
             declared.append(keys.chain_stop(ns, body.chain_id))
 
-        def decide(snap: Snapshot) -> Plan[BeginOutcome]:
+        def decide(snap: Snapshot, finding: CheckFinding | None = None) -> Plan[BeginOutcome]:
             op = Operation.from_doc(snap.get(key))
             if op is not None:
                 principal.require(op.workflow, of_record=True)
             principal.require(body.workflow)
             workflow = op.workflow if op and op.workflow else body.workflow
             chain_id = op.chain_id if op and op.chain_id else body.chain_id
-            stopped = self._stopped(snap, ns, workflow, chain_id)
-            new, outcome = core.begin(op, req, self.policy, now, stopped)
+            stopped = self._stopped(snap, workflow, chain_id, ns)
+            if finding is None:
+                new, outcome = core.begin(op, req, self.policy, now, stopped)
+            else:
+                new, outcome = core.begin_after_check(
+                    op, req, finding, self.policy, self.clock(), stopped
+                )
             return self.plan(ns, new, outcome)
 
-        return self.store.transact(declared, decide)
+        outcome = self.store.transact(declared, decide)
+        spec = body.reconcile or (outcome.operation.reconcile_check if outcome.operation else None)
+        if outcome.decision is BeginDecision.RECONCILE and spec is not None:
+            finding = self._ask_receiver(spec)
+            if finding is not None:
+                outcome = self.store.transact(declared, lambda snap: decide(snap, finding))
+        return outcome
+
+    def _ask_receiver(self, spec: dict[str, Any]) -> CheckFinding | None:
+        """Run a reconcile check (outside any transaction); None when it cannot run here."""
+        name = spec.get("check")
+        if not isinstance(name, str) or self.checks is None or name not in self.checks:
+            return None
+        if self.checks.needs_store(name):
+            return None
+        data = spec.get("input")
+        result = self.checks.run(name, data, self.checks.prefetch(name, data))
+        absent = result.reason is CheckReason.UNEXPECTED_STATUS and result.evidence.get(
+            "status"
+        ) in (404, 410)
+        return CheckFinding(name, result.passed, absent, result.evidence)
 
     def commit(
         self,

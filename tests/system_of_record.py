@@ -1,0 +1,101 @@
+"""A small system of record for the check tests: a real HTTP server on loopback.
+
+Orders, comments, charges, paginated lists, a slow endpoint, a broken one,
+a redirect to another host, and an echo of the raw request path.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+
+class SystemOfRecord:
+    """The data behind the server; tests change it while it runs."""
+
+    def __init__(self) -> None:
+        self.orders: dict[str, dict[str, Any]] = {
+            "ORD-1": {"id": "ORD-1", "status": "confirmed", "version": 3},
+            "ORD-2": {"id": "ORD-2", "status": "pending", "version": 1},
+        }
+        self.comments = {"c-1"}
+        self.charges: dict[str, dict[str, Any]] = {}
+        self.seen_auth: list[str | None] = []
+        self.base = ""
+
+
+def _handler(data: SystemOfRecord) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def _json(self, status: int, body: Any) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            data.seen_auth.append(self.headers.get("Authorization"))
+            parts = urlsplit(self.path)
+            segments = parts.path.split("/")
+            head = segments[1] if len(segments) > 1 else ""
+            tail = unquote(segments[2]) if len(segments) > 2 else ""
+            if head == "orders":
+                order = data.orders.get(tail)
+                return self._json(200, order) if order else self._json(404, {"error": "none"})
+            if head == "comments":
+                if tail in data.comments:
+                    return self._json(200, {"id": tail})
+                return self._json(404, {"error": "no such comment"})
+            if head == "charges":
+                charge = data.charges.get(tail)
+                return self._json(200, charge) if charge else self._json(404, {})
+            if head == "slow":
+                time.sleep(2)
+                return self._json(200, {"ok": True})
+            if head == "broken":
+                raw = b"<html>oops"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                return None
+            if head == "redirect":
+                self.send_response(302)
+                self.send_header("Location", "http://evil.example/steal")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            if head == "echo":
+                return self._json(
+                    200,
+                    {"path": parts.path, "query": parts.query, "host": self.headers.get("Host")},
+                )
+            return self._json(404, {"error": "no route"})
+
+    return Handler
+
+
+@contextmanager
+def serve() -> Iterator[SystemOfRecord]:
+    """Run the server on a free loopback port for the duration of the block."""
+    data = SystemOfRecord()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(data))
+    server.daemon_threads = True
+    data.base = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield data
+    finally:
+        server.shutdown()
+        server.server_close()
