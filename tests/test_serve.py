@@ -270,3 +270,32 @@ def test_chunked_body_over_the_limit_is_413_not_truncated(served: Sidecar) -> No
         timeout=30,
     )
     assert r.status_code == 200 and r.json()["decision"] == "execute"
+
+
+def test_tool_budget_holds_across_workers(served: Sidecar) -> None:
+    headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
+    r = requests.post(
+        f"{served.base}/v1/tasks",
+        headers=headers,
+        timeout=10,
+        json={"workflow": "wf-agent", "limits": {"max_tool_calls": 5}},
+    )
+    task_id = r.json()["task"]["task_id"]
+    barrier = threading.Barrier(24)
+
+    def admit(i: int) -> str:
+        with requests.Session() as session:
+            barrier.wait()
+            r = session.post(
+                f"{served.base}/v1/tasks/{task_id}/tool-calls",
+                headers=headers,
+                json={"tool": "search", "kind": "read", "args": {"q": i}},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            return str(r.json()["decision"])
+
+    with ThreadPoolExecutor(24) as pool:
+        got = Counter(pool.map(admit, range(24)))
+    print(f"24 concurrent admissions, budget 5: {dict(got)}")
+    assert got == Counter({"execute": 5, "deny": 19})

@@ -300,3 +300,30 @@ def test_every_terminal_reason_is_reached_through_http() -> None:
     missing = {r.value for r in EndReason} - reached
     assert not missing, missing
     assert json.dumps(sorted(reached))
+
+
+def test_concurrent_admissions_never_overshoot_the_budget(make_app: AppFactory) -> None:
+    """The budget is consumed when a call is admitted, not when its result comes."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    app = make_app()
+    api = Api(app.test_client())
+    a = Agent(api, limits={"max_tool_calls": 5, "max_same_call": 100})
+    barrier = threading.Barrier(32)
+
+    def admit(i: int) -> str:
+        client = Api(app.test_client())
+        barrier.wait()
+        status, out = client.post(
+            f"{a.base}/tool-calls", {"tool": "search", "kind": "read", "args": {"q": i}}
+        )
+        assert status == 200, out
+        return str(out["decision"])
+
+    with ThreadPoolExecutor(32) as pool:
+        decisions = list(pool.map(admit, range(32)))
+    assert decisions.count("execute") == 5 and decisions.count("deny") == 27
+    task = api.get(a.base)[1]
+    assert task["task"]["used"]["tool_calls"] == 5
+    assert task["envelope"]["reason"] == "tool_budget"
