@@ -43,6 +43,20 @@ def _answer(op: Operation, ns: str) -> Response:
     return jsonify(OperationResponse(operation=OperationView.of(op, ns)).model_dump(mode="json"))
 
 
+def _settled(route_name: str, op: Operation, ns: str, reason: object, mode: str) -> Response:
+    """Log a commit, fail or reconcile and answer with the record."""
+    log_decision(
+        route_name,
+        op.state,
+        reason,
+        operation_id=op.operation_id,
+        workflow=op.workflow,
+        attempt=op.attempt,
+        execution_mode=mode,
+    )
+    return _answer(op, ns)
+
+
 @route(
     bp,
     "/<operation_id>/begin",
@@ -108,16 +122,7 @@ def commit(operation_id: str) -> Response:
     op = runtime().operations.commit(
         g.principal, ns, operation_id, body.attempt, body.receipt, body.result
     )
-    log_decision(
-        "operations.commit",
-        op.state,
-        None,
-        operation_id=operation_id,
-        workflow=op.workflow,
-        attempt=op.attempt,
-        execution_mode=body.execution_mode,
-    )
-    return _answer(op, ns)
+    return _settled("operations.commit", op, ns, None, body.execution_mode)
 
 
 @route(
@@ -137,16 +142,7 @@ def fail(operation_id: str) -> Response:
     op = runtime().operations.fail(
         g.principal, ns, operation_id, body.attempt, body.outcome, body.detail
     )
-    log_decision(
-        "operations.fail",
-        op.state,
-        body.outcome,
-        operation_id=operation_id,
-        workflow=op.workflow,
-        attempt=op.attempt,
-        execution_mode=body.execution_mode,
-    )
-    return _answer(op, ns)
+    return _settled("operations.fail", op, ns, body.outcome, body.execution_mode)
 
 
 @route(
@@ -168,16 +164,7 @@ def reconcile(operation_id: str) -> Response:
     op = runtime().operations.reconcile(
         g.principal, ns, operation_id, body.outcome, body.receipt, body.evidence
     )
-    log_decision(
-        "operations.reconcile",
-        op.state,
-        body.outcome,
-        operation_id=operation_id,
-        workflow=op.workflow,
-        attempt=op.attempt,
-        execution_mode=body.execution_mode,
-    )
-    return _answer(op, ns)
+    return _settled("operations.reconcile", op, ns, body.outcome, body.execution_mode)
 
 
 @route(
