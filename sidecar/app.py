@@ -18,7 +18,7 @@ from typing import Any
 import requests
 from flask import Flask, Response, g, request
 
-from sidecar.api import chains, checks, meta, operations, problems, tasks
+from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable
 from sidecar.canonical import build_fingerprinter
@@ -29,6 +29,7 @@ from sidecar.errors import ConfigError
 from sidecar.runtime import Runtime
 from sidecar.service.checks import CheckService
 from sidecar.service.gate import GateService
+from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
 from sidecar.service.tasks import TaskService
 from sidecar.store import Store, sqlite_path, store_from_url
@@ -93,6 +94,7 @@ def create_app(
     check_service = CheckService(
         store, fingerprinter, configured_checks, settings.tasks.retention_s, clock
     )
+    task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
 
     app = Flask("sidecar")
     # The body limit is enforced by sidecar.api.body for Content-Length and
@@ -107,8 +109,9 @@ def create_app(
         clock=clock,
         operations=ops,
         gate=GateService(store, fingerprinter, settings.chains, clock),
-        tasks=TaskService(store, fingerprinter, settings, ops, check_service, clock),
+        tasks=task_service,
         checks=check_service,
+        model_gate=ModelGate(settings.model_gate, task_service, session, env),
     )
 
     @app.before_request
@@ -136,6 +139,7 @@ def create_app(
     app.register_blueprint(chains.bp)
     app.register_blueprint(tasks.bp)
     app.register_blueprint(checks.bp)
+    app.register_blueprint(model_gate.bp)
     problems.register(app, _render_extra)
 
     if tokens.open and announce:

@@ -148,6 +148,14 @@ class StoreUnavailable(LoopstopError):
     title = "Store unavailable"
 
 
+class GateNotConfigured(LoopstopError):
+    """Raised when the model gate is called but ``model_gate.upstream_url`` is not set."""
+
+    status = 503
+    slug = "model-gate-not-configured"
+    title = "Model gate not configured"
+
+
 class ConfigError(LoopstopError):
     """Raised when the configuration (file or environment) is invalid.
 

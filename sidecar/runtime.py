@@ -16,6 +16,7 @@ from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
 from sidecar.service.checks import CheckService
 from sidecar.service.gate import GateService
+from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
 from sidecar.service.tasks import TaskService
 from sidecar.store import Store
@@ -34,6 +35,7 @@ class Runtime:
     gate: GateService
     tasks: TaskService
     checks: CheckService
+    model_gate: ModelGate
 
 
 def runtime() -> Runtime:

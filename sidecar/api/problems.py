@@ -45,6 +45,15 @@ def register(app: Flask, render_extra: Any) -> None:
         record on a 409) into JSON (``(name, value, request) -> value``).
     """
 
+    from sidecar.service.model_gate import UpstreamError
+
+    @app.errorhandler(UpstreamError)
+    def _upstream(exc: UpstreamError) -> Response:
+        # The upstream model's error, relayed OpenAI-style with the same status class.
+        resp = jsonify(exc.body)
+        resp.status_code = exc.status
+        return resp
+
     @app.errorhandler(LoopstopError)
     def _domain(exc: LoopstopError) -> Response:
         if isinstance(exc, StoreUnavailable):

@@ -382,6 +382,34 @@ def admit_model_call(
     return replace(task, used=used), ModelOutcome(True, wrap_up, None)
 
 
+def record_tokens(task: Task, tokens: int, now: float) -> Task:
+    """Add the tokens a model turn reported (the model gate learns them after the
+    turn). Crossing the budget ends nothing here: the next admission does."""
+    if tokens <= 0:
+        return task
+    return replace(task, used=replace(task.used, tokens=task.used.tokens + tokens), updated_at=now)
+
+
+def final_message(task: Task) -> str:
+    """What the model gate answers for an ended task: a plain final assistant message."""
+    envelope = task.envelope or {}
+    reason = envelope.get("reason", "")
+    try:
+        why = MESSAGES[EndReason(reason)]
+    except ValueError:
+        why = ""
+    return (
+        f"[loopstop] This task has ended: {envelope.get('status')} ({reason}). {why} "
+        f"The workflow can read the full result with GET /v1/tasks/{task.task_id}."
+    ).replace("  ", " ")
+
+
+WRAP_UP_MESSAGE = (
+    "[loopstop] The task is close to its budget. Conclude now: give your final answer "
+    "with what you have, and do not call more tools."
+)
+
+
 def _ended_by(task: Task, now: float, stopped: EndReason | None) -> EndReason | None:
     if stopped is not None:
         return stopped

@@ -215,6 +215,28 @@ class TaskService:
 
         return self.store.transact([key], decide)
 
+    def namespace_of(self, task_id: str) -> str | None:
+        """The namespace holding ``task_id`` (task ids are random, so at most one)."""
+        docs = self.store.get_many([keys.task("p", task_id), keys.task("t", task_id)])
+        if docs[keys.task("p", task_id)] is not None:
+            return "p"
+        return "t" if docs[keys.task("t", task_id)] is not None else None
+
+    def record_tokens(self, principal: Principal, ns: str, task_id: str, tokens: int) -> Task:
+        """Add the tokens a model turn used (reported by the upstream after the turn)."""
+        now = self.clock()
+        key = keys.task(ns, task_id)
+
+        def decide(snap: Snapshot) -> Plan[Task]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            new = core.record_tokens(task, tokens, now)
+            plan: Plan[Task] = Plan(new)
+            if new != task:
+                self._write_task(plan, snap, ns, new, now, task)
+            return plan
+
+        return self.store.transact([key], decide)
+
     def tool_call(
         self, principal: Principal, ns: str, task_id: str, body: CallInput
     ) -> tuple[Task, ToolOutcome]:

@@ -1,0 +1,114 @@
+"""A fake OpenAI-compatible upstream for the model gate tests (loopback only).
+
+It records every request and answers by ``mode``: ``tool_call`` (always the
+same tool call), ``final`` (a plain answer), ``429`` / ``500`` (an
+OpenAI-style error), ``slow`` (answers after 2 s).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.mode = "tool_call"
+        self.requests: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []
+        self.base = ""
+
+    def answer(self, req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.mode in ("429", "500"):
+            return int(self.mode), {
+                "error": {
+                    "message": f"fake {self.mode}",
+                    "type": "rate_limit" if self.mode == "429" else "server_error",
+                    "code": None,
+                }
+            }
+        if self.mode == "slow":
+            time.sleep(2)
+        if self.mode == "tool_call":
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "echo", "arguments": '{"note": "again"}'},
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        else:
+            message = {"role": "assistant", "content": "FINAL answer"}
+            finish = "stop"
+        return 200, {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": req.get("model", "fake-model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        }
+
+
+def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _json(self, status: int, body: Any) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            if self.path.endswith("/models"):
+                return self._json(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {"id": "fake-model", "object": "model", "created": 0, "owned_by": "t"}
+                        ],
+                    },
+                )
+            return self._json(404, {"error": {"message": "no"}})
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            req = json.loads(raw or b"{}")
+            llm.requests.append(req)
+            llm.auth.append(self.headers.get("Authorization"))
+            status, body = llm.answer(req)
+            self._json(status, body)
+
+    return Handler
+
+
+@contextmanager
+def serve() -> Iterator[FakeLLM]:
+    llm = FakeLLM()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(llm))
+    server.daemon_threads = True
+    llm.base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield llm
+    finally:
+        server.shutdown()
+        server.server_close()
