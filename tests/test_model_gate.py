@@ -83,7 +83,7 @@ def test_token_budget_ends_the_task_before_the_next_turn(api: Api, llm: FakeLLM)
         chat(api, request(a.id))
     assert len(llm.requests) == 3  # 10 + 10 + 10 tokens: the third turn crossed the budget
     status, out = chat(api, request(a.id))
-    assert "token_budget" in out["choices"][0]["message"]["content"]
+    assert status == 200 and "token_budget" in out["choices"][0]["message"]["content"]
     assert len(llm.requests) == 3
 
 
@@ -93,7 +93,7 @@ def test_a_task_stopped_through_its_tools_ends_the_agent(api: Api, llm: FakeLLM)
     a.result(a.call("echo", {"note": "again"}), result={"ok": True})
     assert a.call("echo", {"note": "again"})["reason"] == "same_call"
     status, out = chat(api, request(a.id))
-    assert "same_call" in out["choices"][0]["message"]["content"]
+    assert status == 200 and "same_call" in out["choices"][0]["message"]["content"]
     assert len(llm.requests) == 1
 
 
