@@ -28,6 +28,7 @@ Kinds:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -70,6 +71,11 @@ CANNOT_RUN = frozenset({CheckReason.UNREACHABLE, CheckReason.TIMEOUT, CheckReaso
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
+#: The largest answer a check reads from a system of record.
+MAX_RESPONSE_BYTES = 1_048_576
+#: Revisions are integers a double holds exactly (RFC 7493).
+MAX_REVISION = 2**53 - 1
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -101,7 +107,8 @@ def fill_url(template: str, data: Any) -> str:
 
     Placeholders stand only in the path and the query (the configuration is
     validated so). Each value is percent-encoded as one path segment (``/``,
-    ``..`` and ``@`` cannot escape it) or one query value.
+    ``\\``, ``?``, ``#`` and ``@`` cannot escape it) or one query value; a
+    value that is empty or only dots (``.``, ``..``) is refused.
 
     :raises KeyError: a placeholder finds no value in ``data``.
     """
@@ -113,12 +120,16 @@ def fill_url(template: str, data: Any) -> str:
             if value is None or isinstance(value, dict | list):
                 raise KeyError(match.group(1))
             text_value = str(value).lower() if isinstance(value, bool) else str(value)
+            if text_value.strip(".") == "":
+                # "", "." and ".." would name the parent or the collection: an HTTP
+                # client re-decodes %2E, so such a value is refused, not encoded.
+                raise KeyError(match.group(1))
             return encode(text_value)
 
         return _PLACEHOLDER.sub(one, text)
 
     def path_segment(value: str) -> str:
-        return quote(value, safe="").replace(".", "%2E")
+        return quote(value, safe="")
 
     def query_value(value: str) -> str:
         return quote(value, safe="")
@@ -146,7 +157,8 @@ def _env_headers(cfg: HttpCheck, environ: Mapping[str, str]) -> dict[str, str]:
 def run_http(
     cfg: HttpCheck, data: Any, session: requests.Session, environ: Mapping[str, str]
 ) -> CheckResult:
-    """Ask the system of record (one request, no redirects, bounded time)."""
+    """Ask the system of record: one request, no redirects, the whole answer
+    read within ``timeout_s`` and :data:`MAX_RESPONSE_BYTES`."""
     try:
         url = fill_url(cfg.url, data)
     except KeyError as exc:
@@ -155,31 +167,52 @@ def run_http(
         )
     evidence: dict[str, Any] = {"method": cfg.method, "url": url}
     started = time.perf_counter()
+    deadline = started + cfg.timeout_s
     try:
-        resp = session.request(
+        with session.request(
             cfg.method,
             url,
             headers=_env_headers(cfg, environ),
             allow_redirects=False,
             timeout=(min(cfg.timeout_s, 3.0), cfg.timeout_s),
-        )
+            stream=True,
+        ) as resp:
+            status = resp.status_code
+            raw = bytearray()
+            # read1 returns what has arrived, so a trickling answer meets the deadline.
+            while chunk := resp.raw.read1(65_536):
+                raw += chunk
+                if time.perf_counter() > deadline:
+                    raise requests.Timeout("the whole answer took too long")
+                if len(raw) > MAX_RESPONSE_BYTES:
+                    evidence.update(
+                        status=status, error=f"the body exceeds {MAX_RESPONSE_BYTES} bytes"
+                    )
+                    return CheckResult(False, CheckReason.BAD_RESPONSE, evidence=evidence)
     except requests.Timeout:
         return CheckResult(
             False, CheckReason.TIMEOUT, evidence={**evidence, "timeout_s": cfg.timeout_s}
         )
-    except requests.RequestException as exc:
+    except (requests.RequestException, OSError) as exc:
         return CheckResult(
             False, CheckReason.UNREACHABLE, evidence={**evidence, "error": type(exc).__name__}
         )
-    evidence["status"] = resp.status_code
+    except Exception as exc:  # urllib3's read errors (timeouts mid-body, protocol errors)
+        reason = (
+            CheckReason.TIMEOUT
+            if "timeout" in type(exc).__name__.lower()
+            else (CheckReason.UNREACHABLE)
+        )
+        return CheckResult(False, reason, evidence={**evidence, "error": type(exc).__name__})
+    evidence["status"] = status
     evidence["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
-    if resp.status_code not in cfg.expect_status:
+    if status not in cfg.expect_status:
         return CheckResult(False, CheckReason.UNEXPECTED_STATUS, evidence=evidence)
     if not cfg.assert_ and cfg.revision is None:
         return CheckResult(True, CheckReason.PASSED, evidence=evidence)
     try:
-        body = resp.json()
-    except ValueError:
+        body = json.loads(bytes(raw))
+    except (ValueError, RecursionError):
         return CheckResult(
             False, CheckReason.BAD_RESPONSE, evidence={**evidence, "error": "the body is not JSON"}
         )
@@ -187,7 +220,7 @@ def run_http(
     for expr in cfg.assert_:
         try:
             ok = bool(jmespath.search(expr, body))
-        except jmespath.exceptions.JMESPathError:
+        except (jmespath.exceptions.JMESPathError, RecursionError):
             ok = False
         results.append({"assert": expr, "ok": ok})
     evidence["assertions"] = results
@@ -198,13 +231,10 @@ def run_http(
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or (isinstance(value, float) and (not math.isfinite(value) or value != int(value)))
-            or value < 0
+            or not 0 <= value <= MAX_REVISION
         ):
-            return CheckResult(
-                False,
-                CheckReason.BAD_RESPONSE,
-                evidence={**evidence, "error": f"revision is not an integer: {cfg.revision}"},
-            )
+            evidence["error"] = f"revision is not an integer in range: {cfg.revision}"
+            return CheckResult(False, CheckReason.BAD_RESPONSE, evidence=evidence)
         revision = int(value)
     if not all(r["ok"] for r in results):
         return CheckResult(False, CheckReason.ASSERTION_FAILED, revision, evidence)
@@ -232,10 +262,12 @@ def run_json_schema(cfg: JsonSchemaCheck, data: Any) -> CheckResult:
 
 @dataclass(frozen=True)
 class Lineage:
-    """What a task has paged through: cursors seen and record-id fingerprints seen."""
+    """What a task has paged through: cursors seen, record-id fingerprints seen
+    (the most recent :data:`MAX_LINEAGE_IDS`) and how many distinct ids in all."""
 
     cursors: tuple[str, ...] = ()
     ids: tuple[str, ...] = ()
+    count: int = 0
 
 
 #: How many record ids (as short fingerprints) one lineage keeps.

@@ -37,6 +37,10 @@ class _Section(BaseModel):
 
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+#: Counts and windows stay within what every store can hold as a TTL.
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+Seconds = Annotated[float, Field(gt=0, le=31_536_000)]  # a year
+Repeats = Annotated[int, Field(ge=2, le=1000)]
 
 
 class TokenConfig(_Section):
@@ -54,36 +58,36 @@ class TokenConfig(_Section):
 class Limits(_Section):
     """Task-wide limits (DESIGN §3); every field optional in a policy or a task."""
 
-    max_model_calls: PositiveInt = 20
-    max_tool_calls: PositiveInt = 30
-    per_tool: dict[str, PositiveInt] = {}
-    max_same_call: PositiveInt = 2
-    max_idle: PositiveInt = 3
-    max_cycle_repeats: PositiveInt = 3
-    max_polls: PositiveInt = 30
-    max_unchanged_polls: PositiveInt = 5
-    max_retries: Annotated[int, Field(ge=0)] = 3
-    deadline_s: PositiveFloat = 900
-    poll_deadline_s: PositiveFloat = 600
-    max_tokens: PositiveInt = 200_000
+    max_model_calls: Count = 20
+    max_tool_calls: Count = 30
+    per_tool: dict[str, Count] = {}
+    max_same_call: Count = 2
+    max_idle: Count = 3
+    max_cycle_repeats: Repeats = 3
+    max_polls: Count = 30
+    max_unchanged_polls: Count = 5
+    max_retries: Annotated[int, Field(ge=0, le=1000)] = 3
+    deadline_s: Seconds = 900
+    poll_deadline_s: Seconds = 600
+    max_tokens: Annotated[int, Field(ge=1, le=10**10)] = 200_000
     wrap_up_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
 
 
 class LimitsOverride(_Section):
     """A partial :class:`Limits`: only the fields given override the defaults."""
 
-    max_model_calls: PositiveInt | None = None
-    max_tool_calls: PositiveInt | None = None
-    per_tool: dict[str, PositiveInt] | None = None
-    max_same_call: PositiveInt | None = None
-    max_idle: PositiveInt | None = None
-    max_cycle_repeats: PositiveInt | None = None
-    max_polls: PositiveInt | None = None
-    max_unchanged_polls: PositiveInt | None = None
-    max_retries: Annotated[int, Field(ge=0)] | None = None
-    deadline_s: PositiveFloat | None = None
-    poll_deadline_s: PositiveFloat | None = None
-    max_tokens: PositiveInt | None = None
+    max_model_calls: Count | None = None
+    max_tool_calls: Count | None = None
+    per_tool: dict[str, Count] | None = None
+    max_same_call: Count | None = None
+    max_idle: Count | None = None
+    max_cycle_repeats: Repeats | None = None
+    max_polls: Count | None = None
+    max_unchanged_polls: Count | None = None
+    max_retries: Annotated[int, Field(ge=0, le=1000)] | None = None
+    deadline_s: Seconds | None = None
+    poll_deadline_s: Seconds | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=10**10)] | None = None
     wrap_up_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
 
 
@@ -144,13 +148,13 @@ class ChainsConfig(_Section):
 class OperationsConfig(_Section):
     """Ledger settings: default lease, attempts before ``exhausted``, retention."""
 
-    lease_s: PositiveFloat = 60
-    max_attempts: PositiveInt = 3
-    retention_s: PositiveFloat = 604_800
+    lease_s: Seconds = 60
+    max_attempts: Count = 3
+    retention_s: Seconds = 604_800
 
 
 class TasksConfig(_Section):
-    retention_s: PositiveFloat = 604_800
+    retention_s: Seconds = 604_800
 
 
 class ModelGateConfig(_Section):

@@ -62,6 +62,31 @@ def _handler(data: SystemOfRecord) -> type[BaseHTTPRequestHandler]:
             if head == "slow":
                 time.sleep(2)
                 return self._json(200, {"ok": True})
+            if head == "trickle":  # one byte every 0.2 s for 3 s: each read is quick
+                self.send_response(200)
+                self.send_header("Content-Length", "15")
+                self.end_headers()
+                for _ in range(15):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                return None
+            if head == "huge":
+                raw = b'{"status": "confirmed", "pad": "' + b"x" * 2_000_000 + b'"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                return None
+            if head == "deep":
+                raw = b"[" * 100_000 + b"]" * 100_000
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                return None
+            if head == "bigrev":
+                return self._json(200, {"status": "confirmed", "version": 1e300})
             if head == "broken":
                 raw = b"<html>oops"
                 self.send_response(200)

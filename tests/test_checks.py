@@ -38,6 +38,10 @@ def checks_config(base: str) -> dict[str, Any]:
         "slow": {"kind": "http", "url": base + "/slow/{x}", "timeout_s": 0.5},
         "broken": {"kind": "http", "url": base + "/broken", "assert": ["ok"]},
         "redirect": {"kind": "http", "url": base + "/redirect"},
+        "trickle": {"kind": "http", "url": base + "/trickle", "timeout_s": 0.6},
+        "huge": {"kind": "http", "url": base + "/huge", "assert": ["status == 'confirmed'"]},
+        "deep": {"kind": "http", "url": base + "/deep", "assert": ["length(@) > `0`"]},
+        "bigrev": {"kind": "http", "url": base + "/bigrev", "revision": "version"},
         "echo": {"kind": "http", "url": base + "/echo/{v}?q={v}"},
         "charge_found": {
             "kind": "http",
@@ -66,6 +70,8 @@ def app(make_app: AppFactory, sor: SystemOfRecord) -> Flask:
             "update_order": {"kind": "write", "check": "order_confirmed"},
             "update_order_down": {"kind": "write", "check": "down"},
             "list_orders": {"kind": "read", "check": "all_pages"},
+            "list_customers": {"kind": "read", "check": "all_pages"},
+            "get_comment": {"kind": "read", "check": "comment_exists"},
         },
         policies={"orders": {"exit_check": "order_confirmed"}},
         environ={"ORDERS_TOKEN": "orders-secret-0123456789"},
@@ -124,7 +130,9 @@ def test_cannot_answer_never_passes(api: Api) -> None:
     assert out["reason"] == "unexpected_status" and out["evidence"]["status"] == 302
 
 
-@pytest.mark.parametrize("value", ["../../admin", "x@evil.example", "a/b?c#d", "..", "%2e%2e"])
+@pytest.mark.parametrize(
+    "value", ["../../admin", "x@evil.example", "a/b?c#d", "%2e%2e", "a\\..\\b", "..x"]
+)
 def test_placeholders_stay_inside_the_path_and_query(
     api: Api, sor: SystemOfRecord, value: str
 ) -> None:
@@ -134,6 +142,12 @@ def test_placeholders_stay_inside_the_path_and_query(
     assert url.startswith(sor.base + "/echo/")
     path = url.removeprefix(sor.base)
     assert path.count("/") == 2 and "@" not in path.split("?")[0] and "#" not in url
+
+
+@pytest.mark.parametrize("value", ["", ".", "..", "..."])
+def test_empty_or_dot_values_are_refused(api: Api, value: str) -> None:
+    out = check(api, "echo", {"v": value})
+    assert out["passed"] is False and out["reason"] == "missing_input"
 
 
 def test_cursor_lineage_cycle_and_constant_cursor(api: Api) -> None:
@@ -158,7 +172,7 @@ def test_cursor_lineage_cycle_and_constant_cursor(api: Api) -> None:
 
 
 def test_tool_check_drives_progress_and_cycles(api: Api) -> None:
-    a = Agent(api, limits={"max_same_call": 10})
+    a = Agent(api, token=ADMIN_TOKEN, limits={"max_same_call": 10})
     for page in (
         {"next_cursor": "opaque", "items": [{"id": 1}]},
         {"next_cursor": "opaque", "items": [{"id": 2}]},
@@ -273,3 +287,47 @@ def test_http_check_url_may_not_template_the_host(make_app: AppFactory) -> None:
 
 def test_admin_sees_checks(api: Api) -> None:
     assert api.get("/v1/checks", token=ADMIN_TOKEN)[0] == 200
+
+
+def test_a_trickling_answer_is_bounded_by_the_whole_timeout(api: Api) -> None:
+    started = time.monotonic()
+    out = check(api, "trickle", {})
+    assert out["reason"] == "timeout" and time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("name", ["huge", "deep", "bigrev"])
+def test_oversized_or_absurd_answers_are_bad_responses(api: Api, name: str) -> None:
+    assert check(api, name, {})["reason"] == "bad_response"
+
+
+def test_operations_check_on_an_empty_list_fails(api: Api) -> None:
+    assert check(api, "receipts", {"operation_ids": []})["reason"] == "missing_input"
+
+
+def test_the_policys_exit_check_cannot_be_swapped(api: Api) -> None:
+    a = Agent(api, policy="orders")
+    status, out = api.post(
+        f"{a.base}/complete", {"check": "answer_shape", "input": {"output": {"answer": "x"}}}
+    )
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "check"]
+    out = a.post("/complete", {"evidence": {"done": True}})  # no input: the check fails
+    assert out["decision"] == "continue" and out["check"]["reason"] == "missing_input"
+
+
+def test_tools_sharing_a_cursor_check_page_separately(api: Api) -> None:
+    a = Agent(api)
+    page = {"next_cursor": "p2", "items": [{"id": 1}, {"id": 2}]}
+    a.result(a.call("list_orders", {"p": 1}), result=page)
+    out = a.result(a.call("list_customers", {"p": 1}), result=page)
+    assert out["decision"] == "recorded" and out["check"]["passed"] is True
+
+
+def test_a_passing_check_without_revision_is_not_idle(api: Api) -> None:
+    a = Agent(api, token=ADMIN_TOKEN, limits={"max_idle": 2})
+    first = a.call("get_order", {"order_id": "ORD-1"})
+    assert first["decision"] == "execute", first
+    a.result(first, result={"order_id": "ORD-1"})
+    for n in range(3):
+        call = a.call("get_comment", {"comment_id": "c-1", "n": n})
+        out = a.result(call, result={"comment_id": "c-1", "n": n})
+        assert out["decision"] == "recorded", out

@@ -216,6 +216,25 @@ def test_stop_is_sticky_and_resume_extends_with_admin_only(api: Api) -> None:
     assert status == 409  # running: nothing to resume
 
 
+def test_only_an_admin_raises_limits_or_resumes_a_stop(api: Api) -> None:
+    status, out = api.post(
+        "/v1/tasks", {"workflow": "wf-sheets", "limits": {"max_tool_calls": 100}}
+    )
+    assert status == 403 and "max_tool_calls" in out["detail"]
+    status, out = api.post("/v1/tasks", {"workflow": "wf-sheets", "limits": {"deadline_s": 1e15}})
+    assert status == 422
+    tight = Agent(api, limits={"max_tool_calls": 3, "max_cycle_repeats": 2})
+    assert api.get(tight.base)[1]["task"]["limits"]["max_tool_calls"] == 3
+    status, _ = api.post("/v1/tasks", {"workflow": "wf-sheets", "limits": {"max_cycle_repeats": 1}})
+    assert status == 422  # cycle detection cannot be turned off
+    assert Agent(api, token=ADMIN_TOKEN, limits={"max_tool_calls": 100}).id
+    api.post(f"{tight.base}/stop", {"reason": "hold"}, token=ADMIN_TOKEN)
+    status, _ = api.post(f"{tight.base}/resume", {"reason": "go on"})
+    assert status == 403
+    status, _ = api.post(f"{tight.base}/resume", {"reason": "go on"}, token=ADMIN_TOKEN)
+    assert status == 200
+
+
 def test_create_is_idempotent_on_task_key_per_workflow(api: Api) -> None:
     s1, first = api.post("/v1/tasks", {"workflow": "wf-sheets", "task_key": "k"})
     s2, again = api.post("/v1/tasks", {"workflow": "wf-sheets", "task_key": "k"})
@@ -309,7 +328,7 @@ def test_concurrent_admissions_never_overshoot_the_budget(make_app: AppFactory) 
 
     app = make_app()
     api = Api(app.test_client())
-    a = Agent(api, limits={"max_tool_calls": 5, "max_same_call": 100})
+    a = Agent(api, token=ADMIN_TOKEN, limits={"max_tool_calls": 5, "max_same_call": 100})
     barrier = threading.Barrier(32)
 
     def admit(i: int) -> str:

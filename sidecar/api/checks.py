@@ -12,6 +12,7 @@ from sidecar.api.decisions import log_decision
 from sidecar.api.models import RequestBody
 from sidecar.api.openapi import route
 from sidecar.api.task_models import TASK_ID_PATTERN, CheckView
+from sidecar.errors import ValidationFailed
 from sidecar.runtime import runtime
 from sidecar.service import keys
 
@@ -63,8 +64,8 @@ def list_checks() -> Response:
 def run_check(name: str) -> Response:
     check_path({"name": name}, {"name": re.compile(_NAME)})
     body = parse_body(CheckBody)
-    if body.task_id is not None:
-        check_path({"task_id": body.task_id}, {"task_id": re.compile(TASK_ID_PATTERN)})
+    if body.task_id is not None and not re.fullmatch(TASK_ID_PATTERN, body.task_id):
+        raise ValidationFailed([{"loc": ["body", "task_id"], "msg": "not a task id"}])
     ns = keys.namespace(body.execution_mode)
     result = runtime().checks.run(g.principal, ns, name, body.input, body.task_id)
     log_decision(

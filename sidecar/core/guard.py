@@ -661,9 +661,12 @@ def record_result(
 
     check = res.check
     if check is not None and not check.cannot_run:
-        # The tool's check is the evidence; the caller's is ignored.
-        revision = check.revision if check.revision is not None else task.validated_revision
-        res = replace(res, evidence=Evidence(revision=revision, done=None, effect=None))
+        # The tool's check is the evidence; the caller's is ignored. A check that
+        # reads no revision validates the result without measuring progress.
+        if check.revision is None:
+            res = replace(res, evidence=None)
+        else:
+            res = replace(res, evidence=Evidence(revision=check.revision))
 
     # The ledger first: what happened to the write is a fact whatever the task's fate.
     new_op: Operation | None = None
@@ -709,7 +712,9 @@ def record_result(
             return ended(EndReason.RETRY_BUDGET)
         return task, new_op, ResultOutcome(None)
 
-    # ok
+    # ok: a success ends the run of transient failures
+    if task.used.retries:
+        task = replace(task, used=replace(task.used, retries=0))
     if kind is CallKind.POLL:
         unchanged = task.used.unchanged_polls + 1 if res.result_fp == task.last_poll else 0
         task = replace(
@@ -780,9 +785,13 @@ def _settle_write(
         if res.status is ResultStatus.UNKNOWN:
             new, _ = ledger.fail(op, oid, attempt, FailOutcome.UNKNOWN, "result unknown", now)
             return new, EndReason.UNKNOWN_COMMIT, [oid]
-        if proven_absent or res.status is ResultStatus.NEEDS_HUMAN:
+        if proven_absent:
             new, _ = ledger.fail(op, oid, attempt, FailOutcome.NOT_COMMITTED, str(res.status), now)
             return new, None, []
+        if res.status is ResultStatus.NEEDS_HUMAN:
+            # Waiting for approval may mean queued: not proven absent, so never re-run blindly.
+            new, _ = ledger.fail(op, oid, attempt, FailOutcome.UNKNOWN, "needs_human", now)
+            return new, None, [oid]
         new, _ = ledger.fail(op, oid, attempt, FailOutcome.UNKNOWN, str(res.status), now)
         if res.status is ResultStatus.RETRYABLE:
             return new, EndReason.RETRY_AFTER_COMMIT, [oid]

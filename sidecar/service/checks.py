@@ -52,8 +52,13 @@ class CheckService:
         ns: str,
         task_id: str | None,
         now: float,
+        scope: str = "",
     ) -> StorePart:
-        """The store-reading parts of checks, bound to one transaction."""
+        """The store-reading parts of checks, bound to one transaction.
+
+        :param scope: separates cursor lineages of one task (a tool's name:
+            two tools sharing a cursor check page through different lists).
+        """
 
         def part(name: str, data: Any) -> CheckResult:
             cfg = self.checks.configs[name]
@@ -64,9 +69,13 @@ class CheckService:
                 return CheckResult(
                     False, CheckReason.MISSING_INPUT, evidence={"missing": "task_id"}
                 )
-            key = keys.lineage(ns, task_id, name)
+            key = keys.lineage(ns, task_id, f"{name}:{scope}" if scope else name)
             doc = snap.get(key)
-            lineage = Lineage(tuple(doc["cursors"]), tuple(doc["ids"])) if doc else Lineage()
+            lineage = (
+                Lineage(tuple(doc["cursors"]), tuple(doc["ids"]), int(doc.get("count", 0)))
+                if doc
+                else Lineage()
+            )
             cursor = jmespath.search(cfg.cursor, data)
             records = jmespath.search(cfg.records, data)
             ids = records if isinstance(records, list) else []
@@ -89,7 +98,7 @@ class CheckService:
         cfg: OperationsCheck, data: Any, snap: Snapshot, principal: Principal, ns: str, now: float
     ) -> CheckResult:
         ids = jmespath.search(cfg.operations, data)
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             return CheckResult(
                 False, CheckReason.MISSING_INPUT, evidence={"missing": cfg.operations}
             )
@@ -116,6 +125,11 @@ class CheckService:
         """
         if name not in self.checks:
             raise NotFound(f"no check named {name!r}")
+        if task_id is not None:
+            doc = self.store.get(keys.task(ns, task_id))
+            if doc is None:
+                raise NotFound(f"no task {task_id!r}")
+            principal.require(Task.from_doc(doc).workflow, of_record=True)  # type: ignore[union-attr]
         fetched = self.checks.prefetch(name, data)
         if not self.checks.needs_store(name):
             return self.checks.run(name, data, fetched)

@@ -25,7 +25,7 @@ from sidecar.core.guard import (
     ToolResult,
 )
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy, OperationState
-from sidecar.errors import NotFound, ValidationFailed
+from sidecar.errors import Forbidden, NotFound, ValidationFailed
 from sidecar.service import keys
 from sidecar.service.checks import CheckService, check_input, verdict
 from sidecar.service.operations import OperationService
@@ -162,6 +162,14 @@ class TaskService:
         """
         principal.require(body.workflow)
         limits, allowed = self.resolve_limits(body.policy, body.limits)
+        if not principal.admin:
+            base, _ = self.resolve_limits(body.policy, {})
+            raised = _raised(base, limits)
+            if raised:
+                raise Forbidden(
+                    f"raising {', '.join(raised)} above the configured or policy limits needs "
+                    "an admin token (a request may only tighten them)"
+                )
         now = self.clock()
         task_id = "t" + secrets.token_hex(10)
         key_key = (
@@ -323,8 +331,10 @@ class TaskService:
             )
             checked: CheckResult | None = None
             given = res
-            if check_name is not None:
-                part = self.checks.store_part(snap, plan, principal, ns, task_id, now)
+            if check_name is not None and call is not None:
+                part = self.checks.store_part(
+                    snap, plan, principal, ns, task_id, now, scope=call["tool"]
+                )
                 checked = self.checks.checks.run(check_name, data, fetched, part)
                 given = replace(res, check=verdict(checked))
             new, new_op, out = core.record_result(task, call_id, given, op, now)
@@ -339,8 +349,8 @@ class TaskService:
         """The check configured for the tool of ``call_id`` (read before any I/O)."""
         task = self._scoped(principal, self.store.get(key), task_id)
         call = next((c for c in task.calls if c["call_id"] == call_id), None)
-        if call is None:
-            return None
+        if call is None or call["status"] != "pending":
+            return None  # the core answers 404 / 409; nothing is asked outside
         tool = self.settings.tools.get(call["tool"])
         return None if tool is None else tool.check
 
@@ -360,11 +370,18 @@ class TaskService:
         """
         key = keys.task(ns, task_id)
         task = self._scoped(principal, self.store.get(key), task_id)
-        name = check or (
-            self.settings.policies[task.policy].exit_check
-            if task.policy in self.settings.policies
-            else None
-        )
+        policy = self.settings.policies.get(task.policy or "")
+        exit_check = policy.exit_check if policy is not None else None
+        if exit_check is not None and check not in (None, exit_check):
+            raise ValidationFailed(
+                [
+                    {
+                        "loc": ["body", "check"],
+                        "msg": f"the policy completes only through its exit check {exit_check!r}",
+                    }
+                ]
+            )
+        name = exit_check or check
         if name is not None and name not in self.checks.checks:
             raise ValidationFailed([{"loc": ["body", "check"], "msg": f"no check {name!r}"}])
         fetched = self.checks.checks.prefetch(name, data) if name else {}
@@ -420,6 +437,8 @@ class TaskService:
 
         def decide(snap: Snapshot) -> Plan[Task]:
             task = self._scoped(principal, snap.get(key), task_id)
+            if task.status is core.TaskStatus.STOPPED and not principal.admin:
+                raise Forbidden("a stopped task is resumed by an admin token only")
             unknown = []
             for oid in task.operations:
                 op = Operation.from_doc(snap.get(keys.operation(ns, oid)))
@@ -431,3 +450,17 @@ class TaskService:
             return plan
 
         return self.store.transact([key], decide)
+
+
+def _raised(base: TaskLimits, asked: TaskLimits) -> list[str]:
+    """The limits ``asked`` sets looser than ``base`` (every limit is looser when higher)."""
+    out = []
+    for name, value in asked.to_doc().items():
+        if name == "per_tool":
+            for tool, n in value.items():
+                limit = base.per_tool.get(tool)
+                if limit is not None and n > limit:
+                    out.append(f"per_tool.{tool}")
+        elif value > getattr(base, name):
+            out.append(name)
+    return out

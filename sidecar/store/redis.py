@@ -43,6 +43,9 @@ from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn
 
 _CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
 
+#: The longest TTL written (ten years): a longer retention is "forever" in practice.
+MAX_TTL_MS = 10 * 365 * 86_400 * 1000
+
 
 class RedisStore(Store):
     """The store on a Redis primary.
@@ -136,7 +139,8 @@ class RedisStore(Store):
                 raise RuntimeError(f"transaction wrote {key!r} without reading it")
             value = serialized[key]
             ttl_ms = 0 if write.ttl_s is None else max(1, math.ceil(write.ttl_s * 1000))
-            writes.append([position[key], value, ttl_ms])
+            # A decimal string: Lua would print a large number as 1e+18.
+            writes.append([position[key], value, str(min(ttl_ms, MAX_TTL_MS))])
         index_keys = list(dict.fromkeys(e.index for e in plan.index))
         ipos = {k: i + 1 for i, k in enumerate(index_keys)}
         index_ops = [

@@ -5,11 +5,12 @@
 -- ARGV[1]         n, the number of document keys
 -- ARGV[2..n+1]    the raw value each document had when read; "" = absent
 -- ARGV[n+2]       the plan, JSON:
---                   {"w": [[doc_i, value | null, ttl_ms | 0], ...],
+--                   {"w": [[doc_i, value | null, "ttl_ms"], ...],
 --                    "x": [[index_i, member, score | null], ...]}
 --                 doc_i counts from 1 among the documents, index_i from 1
---                 among the indexes; value null deletes, ttl_ms 0 keeps
---                 forever, score null removes the member.
+--                 among the indexes; value null deletes; ttl_ms is a decimal
+--                 string of milliseconds, "0" keeps forever; score (a decimal
+--                 string) null removes the member.
 -- Returns 1 when the plan was applied, 0 when any document changed since it
 -- was read (the caller reads again and retries; nothing was written).
 
@@ -25,10 +26,10 @@ local plan = cjson.decode(ARGV[n + 2])
 for _, w in ipairs(plan['w']) do
   local key = KEYS[w[1]]
   local value = w[2]
-  local ttl_ms = tonumber(w[3])
+  local ttl_ms = w[3]
   if value == cjson.null then
     redis.call('DEL', key)
-  elseif ttl_ms > 0 then
+  elseif ttl_ms ~= '0' then
     redis.call('SET', key, value, 'PX', ttl_ms)
   else
     redis.call('SET', key, value)
