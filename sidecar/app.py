@@ -107,6 +107,7 @@ def create_app(
         fingerprinter=fingerprinter,
         tokens=tokens,
         clock=clock,
+        environ=env,
         operations=ops,
         gate=GateService(store, fingerprinter, settings.chains, clock),
         tasks=task_service,

@@ -150,6 +150,7 @@ def check_config() -> None:
 def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) -> None:
     """Run the sidecar under gunicorn."""
     bind_list = list(binds) or [os.environ.get("LOOPSTOP_BIND", DEFAULT_BIND)]
+    _metrics_folder()
     try:
         for bind in bind_list:
             _bind_host(bind, strict=True)
@@ -191,8 +192,37 @@ def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) ->
             "loglevel": os.environ.get("LOOPSTOP_LOG_LEVEL", "info").lower(),
             "proc_name": "loopstop",
             "forwarded_allow_ips": "127.0.0.1,::1",
+            "control_socket_disable": True,
+            "child_exit": _child_exit,
         }
     ).run()
+
+
+def _metrics_folder() -> None:
+    """Give the workers one folder for their metric samples (multiprocess mode),
+    emptied at start so a restart does not count the previous run twice."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        path = Path(folder)
+        path.mkdir(parents=True, exist_ok=True)
+        for old in path.glob("*.db"):
+            old.unlink()
+    else:
+        path = Path(tempfile.mkdtemp(prefix="loopstop-metrics-"))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+        atexit.register(shutil.rmtree, path, True)
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook: a dead worker's live gauges leave the aggregate."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
 
 
 def _redacted_store(url: str) -> str:

@@ -6,7 +6,7 @@ Built once by :func:`sidecar.app.create_app` and kept in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from flask import current_app
@@ -31,6 +31,7 @@ class Runtime:
     fingerprinter: Fingerprinter
     tokens: TokenTable
     clock: Callable[[], float]
+    environ: Mapping[str, str]
     operations: OperationService
     gate: GateService
     tasks: TaskService

@@ -58,3 +58,35 @@ def test_no_tokens_means_loopback_only(make_app: AppFactory) -> None:
     assert r.status_code == 200 and r.get_json()["authenticated"] is False
     r = client.get("/v1/whoami", environ_base={"REMOTE_ADDR": "10.1.2.3"})
     assert r.status_code == 403 and r.mimetype == "application/problem+json"
+
+
+def test_metrics_names_and_optional_protection(make_app: AppFactory) -> None:
+    api = Api(make_app().test_client())
+    api.begin("met-1", workflow="wf")
+    api.post(
+        "/v1/activations",
+        {
+            "workflow": "wf",
+            "content": {"a": 1},
+            "marker": "ls1.c00000000000000000000.1." + "0" * 32,
+        },
+    )
+    text = api.client.get("/metrics").get_data(as_text=True)
+    for name in (
+        "loopstop_decisions_total",
+        "loopstop_decision_seconds_bucket",
+        "loopstop_invalid_markers_total",
+        "loopstop_operations_awaiting_reconciliation",
+        "loopstop_task_envelopes_total",
+        "loopstop_store_errors_total",
+        "loopstop_model_turns_total",
+        "loopstop_model_tokens_total",
+    ):
+        assert name in text, name
+    protected = make_app(
+        http={"metrics_token_env": "METRICS_TOKEN"},
+        environ={"METRICS_TOKEN": "scrape-0123456789abcdef"},
+    ).test_client()
+    assert protected.get("/metrics").status_code == 401
+    ok = protected.get("/metrics", headers={"Authorization": "Bearer scrape-0123456789abcdef"})
+    assert ok.status_code == 200

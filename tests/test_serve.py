@@ -299,3 +299,33 @@ def test_tool_budget_holds_across_workers(served: Sidecar) -> None:
         got = Counter(pool.map(admit, range(24)))
     print(f"24 concurrent admissions, budget 5: {dict(got)}")
     assert got == Counter({"execute": 5, "deny": 19})
+
+
+def test_metrics_count_every_decision_across_four_workers(served: Sidecar) -> None:
+    headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
+
+    def begin(i: int) -> None:
+        r = requests.post(
+            f"{served.base}/v1/operations/m-{i % 10}/begin",
+            headers=headers,
+            json={"payload": {"i": i % 10}},
+            timeout=30,
+        )
+        assert r.status_code == 200
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(begin, range(200)))
+    text = requests.get(f"{served.base}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("loopstop_decisions_total{") and 'route="operations.begin"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    print(f"decisions counted by /metrics over 4 workers: {total:.0f} of 200")
+    assert total == 200
+    executes = [
+        line
+        for line in text.splitlines()
+        if line.startswith("loopstop_decisions_total{") and 'decision="execute"' in line
+    ]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in executes) == 10  # 10 distinct ids
+    assert "loopstop_operations_awaiting_reconciliation" in text

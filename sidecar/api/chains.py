@@ -7,6 +7,7 @@ import re
 
 from flask import Blueprint, Response, g, jsonify
 
+from sidecar import metrics
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import (
     ActivationBody,
@@ -64,6 +65,8 @@ def activate() -> Response:
         ),
     )
     out = result.outcome
+    if result.invalid_markers:
+        metrics.INVALID_MARKERS.inc(result.invalid_markers)
     log_decision(
         "activations",
         out.decision,

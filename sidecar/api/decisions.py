@@ -1,7 +1,8 @@
-"""One structured JSON log line per decision (DESIGN "Observability").
+"""One structured JSON log line per decision (DESIGN "Observability"), and
+the decision counters and latency histogram of :mod:`sidecar.metrics`.
 
 Never raw payloads, arguments, tokens or secrets: only ids, the decision,
-its reason and the acting token's name.
+its reason, fingerprint prefixes and the acting token's name.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flask import g, request
+
+from sidecar import metrics
 
 log = logging.getLogger("loopstop.decisions")
 
@@ -33,5 +36,8 @@ def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
         **{k: v for k, v in fields.items() if v is not None},
     }
     if started is not None:
-        line["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        elapsed = time.perf_counter() - started
+        line["latency_ms"] = round(elapsed * 1000, 3)
+        metrics.LATENCY.labels(route).observe(elapsed)
+    metrics.DECISIONS.labels(route, line["decision"] or "", line["reason"] or "").inc()
     log.info(json.dumps(line, separators=(",", ":"), default=str))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, g, jsonify
+import hmac
 
+from flask import Blueprint, Response, g, jsonify, request
+
+from sidecar import metrics
 from sidecar.api import openapi
 from sidecar.api.models import Health, Ready, WhoAmI
 from sidecar.api.openapi import route
+from sidecar.errors import Unauthenticated
 from sidecar.runtime import runtime
+from sidecar.service import keys
 
 public = Blueprint("meta", __name__)
 v1 = Blueprint("whoami", __name__, url_prefix="/v1")
@@ -40,6 +45,23 @@ def healthz() -> Response:
 def readyz() -> Response:
     facts = runtime().store.ping()
     return jsonify(Ready(status="ready", store=facts).model_dump())
+
+
+@public.get("/metrics")
+def metrics_route() -> Response:
+    """Prometheus exposition; bearer-protected when ``http.metrics_token_env`` is set."""
+    rt = runtime()
+    env_name = rt.settings.http.metrics_token_env
+    if env_name:
+        expected = rt.environ.get(env_name, "")
+        given = request.headers.get("Authorization", "").partition(" ")[2].strip()
+        if not expected or not hmac.compare_digest(expected.encode(), given.encode()):
+            raise Unauthenticated("/metrics needs its bearer token")
+
+    def unknown() -> int:
+        return rt.store.index_count(keys.open_operations("p"), max_score=rt.clock())
+
+    return Response(metrics.exposition(unknown), mimetype=metrics.CONTENT_TYPE)
 
 
 @public.get("/openapi.json")

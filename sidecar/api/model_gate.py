@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, g, jsonify
 
+from sidecar import metrics
 from sidecar.api.body import read_json_object
 from sidecar.api.decisions import log_decision
 from sidecar.runtime import runtime
@@ -20,6 +21,10 @@ bp = Blueprint("model_gate", __name__, url_prefix="/v1/openai")
 def chat_completions() -> Response:
     body = read_json_object()
     answer = runtime().model_gate.chat(g.principal, body)
+    if answer.decision in ("admit", "deny"):
+        metrics.MODEL_TURNS.labels(answer.decision).inc()
+    if answer.tokens:
+        metrics.MODEL_TOKENS.inc(answer.tokens)
     log_decision(
         "model_gate", answer.decision, answer.reason, task_id=answer.task_id, tokens=answer.tokens
     )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from sidecar import metrics
 from sidecar.errors import PROBLEM_TYPE_PREFIX, LoopstopError, PayloadTooLarge, StoreUnavailable
 
 log = logging.getLogger("loopstop")
@@ -58,7 +59,7 @@ def register(app: Flask, render_extra: Any) -> None:
     def _domain(exc: LoopstopError) -> Response:
         if isinstance(exc, StoreUnavailable):
             log.warning("store unavailable: %s", exc.detail)
-            g.store_error = True
+            metrics.STORE_ERRORS.inc()
         extra = {k: render_extra(k, v) for k, v in exc.extra.items()}
         resp = problem(exc.status, exc.slug, exc.title, exc.detail, **extra)
         if exc.status == 401:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sidecar import metrics
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.checks import CheckResult
@@ -140,6 +141,9 @@ class TaskService:
         (the moments its retention changes)."""
         ttl = self._ttl(task, now)
         plan.writes[keys.task(ns, task.task_id)] = Write(task.to_doc(), ttl)
+        if task.envelope is not None and (before is None or before.envelope is None):
+            status, reason = task.envelope["status"], task.envelope["reason"]
+            plan.on_commit.append(lambda: metrics.ENVELOPES.labels(status, reason).inc())
         moved = before is None or (before.envelope is None) != (task.envelope is None)
         if task.task_key is not None and moved:
             pointer = keys.task_key(ns, task.workflow, self.fp.key_hash("task", task.task_key))

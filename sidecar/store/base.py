@@ -14,8 +14,8 @@ core checks every time limit itself against documents' own timestamps, so
 an expiry that is late by a sweep interval changes no decision.
 
 Method set (stated once, implemented by :mod:`.sqlite` and :mod:`.redis`):
-``transact``, ``get_many``, ``index_page``, ``ping``, ``ensure_schema``,
-``close``.
+``transact``, ``get_many``, ``index_page``, ``index_count``, ``ping``,
+``ensure_schema``, ``close``.
 """
 
 from __future__ import annotations
@@ -67,11 +67,20 @@ class Plan(Generic[T]):
     :ivar writes: key -> :class:`Write`. Every written key must have been
         read through the snapshot (so the compare-and-set covers it).
     :ivar index: index entries to add or remove.
+    :ivar on_commit: called once after the plan committed (never when it did
+        not, nor for a discarded attempt): counters of what actually happened.
     """
 
     result: T
     writes: dict[str, Write] = field(default_factory=dict)
     index: list[IndexEntry] = field(default_factory=list)
+    on_commit: list[Callable[[], None]] = field(default_factory=list)
+
+    def committed(self) -> T:
+        """Run the ``on_commit`` callbacks and return the result (stores call this)."""
+        for callback in self.on_commit:
+            callback()
+        return self.result
 
 
 class Snapshot:
@@ -144,6 +153,12 @@ class Store(abc.ABC):
         :returns: up to ``limit`` ``(member, score)`` pairs with
             ``min_score <= score <= max_score``, strictly after ``after``.
         """
+
+    @abc.abstractmethod
+    def index_count(
+        self, index: str, *, min_score: float = float("-inf"), max_score: float = float("inf")
+    ) -> int:
+        """How many members of ``index`` have ``min_score <= score <= max_score``."""
 
     @abc.abstractmethod
     def ping(self) -> dict[str, Any]:

@@ -89,16 +89,16 @@ class RedisStore(Store):
                 reads.load(declared)
                 plan = fn(Snapshot(reads.docs, reads.load))
                 if not plan.writes and not plan.index and reads.round_trips <= 1:
-                    return plan.result  # one MGET is a consistent snapshot
+                    return plan.committed()  # one MGET is a consistent snapshot
                 try:
                     applied = self._compare_and_set(reads.raw, plan)
                 except redis.TimeoutError:
                     # The script may have run: if every write is in place, it did.
                     if self._landed(plan):
-                        return plan.result
+                        return plan.committed()
                     raise
                 if applied:
-                    return plan.result
+                    return plan.committed()
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
@@ -210,6 +210,16 @@ class RedisStore(Store):
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
         return out
+
+    def index_count(
+        self, index: str, *, min_score: float = float("-inf"), max_score: float = float("inf")
+    ) -> int:
+        lo = "-inf" if math.isinf(min_score) else repr(min_score)
+        hi = "+inf" if math.isinf(max_score) else repr(max_score)
+        try:
+            return int(self.client.zcount(self._k(index), lo, hi))
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
 
     def ping(self) -> dict[str, Any]:
         try:

@@ -136,7 +136,7 @@ class SQLiteStore(Store):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            return plan.result
+        return plan.committed()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
         with self._errors():
@@ -162,6 +162,22 @@ class SQLiteStore(Store):
         args.append(limit)
         with self._errors():
             return [(m, s) for m, s in self._conn().execute(sql, args)]
+
+    def index_count(
+        self, index: str, *, min_score: float = float("-inf"), max_score: float = float("inf")
+    ) -> int:
+        lo = -1e308 if math.isinf(min_score) else min_score
+        hi = 1e308 if math.isinf(max_score) else max_score
+        with self._errors():
+            row = (
+                self._conn()
+                .execute(
+                    "SELECT COUNT(*) FROM idx WHERE name = ? AND score >= ? AND score <= ?",
+                    (index, lo, hi),
+                )
+                .fetchone()
+            )
+        return int(row[0])
 
     def ping(self) -> dict[str, Any]:
         with self._errors():

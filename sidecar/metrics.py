@@ -1,0 +1,103 @@
+"""Prometheus metrics (``prometheus-client``), correct across gunicorn workers.
+
+``loopstop serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a private folder
+before the workers start; each worker writes its samples there and
+``/metrics`` aggregates them (the library's multiprocess mode). Without that
+variable (tests, a single process) the default registry is used.
+
+Metric names (all prefixed ``loopstop_``):
+
+======================================  ======================================
+``decisions_total{route,decision,reason}``  every decision the sidecar made
+``decision_seconds{route}``             decision latency (histogram)
+``task_envelopes_total{status,reason}`` tasks ended, by terminal status/reason
+``invalid_markers_total``               markers that did not verify
+``store_errors_total``                  requests answered 503 (store unavailable)
+``model_turns_total{decision}``         model-gate turns admitted / denied
+``model_tokens_total``                  tokens the upstream model reported
+``operations_awaiting_reconciliation``  open operations whose outcome is unknown
+                                        (a gauge read from the store at scrape)
+======================================  ======================================
+
+Labels never carry ids (tasks, chains, operations) or payload values: their
+number stays bounded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+DECISIONS = Counter(
+    "loopstop_decisions_total",
+    "Decisions made, by route, decision and reason.",
+    ["route", "decision", "reason"],
+)
+LATENCY = Histogram(
+    "loopstop_decision_seconds",
+    "Time to decide, by route.",
+    ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+ENVELOPES = Counter(
+    "loopstop_task_envelopes_total",
+    "Tasks ended, by terminal status and reason.",
+    ["status", "reason"],
+)
+INVALID_MARKERS = Counter(
+    "loopstop_invalid_markers_total", "Markers found in events that did not verify."
+)
+STORE_ERRORS = Counter(
+    "loopstop_store_errors_total", "Requests answered 503 because the store failed."
+)
+MODEL_TURNS = Counter(
+    "loopstop_model_turns_total", "Model-gate turns, admitted or denied.", ["decision"]
+)
+MODEL_TOKENS = Counter(
+    "loopstop_model_tokens_total", "Tokens the upstream model reported through the gate."
+)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _AwaitingReconciliation(Collector):
+    """Reads the count of unknown operations from the store at scrape time."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "loopstop_operations_awaiting_reconciliation",
+            "Open operations whose outcome is unknown (production namespace).",
+        )
+        try:
+            gauge.add_metric([], float(self.count()))
+        except Exception:
+            gauge.add_metric([], float("nan"))
+        yield gauge
+
+
+def exposition(count_unknown: Callable[[], int]) -> bytes:
+    """The text exposition of every metric, aggregated over all workers."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        samples = generate_latest(registry)
+    else:
+        samples = generate_latest(REGISTRY)
+    gauge = CollectorRegistry()
+    gauge.register(_AwaitingReconciliation(count_unknown))
+    return samples + generate_latest(gauge)
