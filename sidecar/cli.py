@@ -198,6 +198,37 @@ def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) ->
     ).run()
 
 
+@main.command()
+@click.option("--vacuum", is_flag=True, help="Also give the freed pages back to the disk.")
+def purge(vacuum: bool) -> None:
+    """Delete every expired record now (SQLite; Redis expires keys by itself)."""
+    from sidecar.store import store_from_url
+    from sidecar.store.sqlite import SQLiteStore
+
+    try:
+        settings = load_settings()
+        store = store_from_url(settings.store)
+    except ConfigError as exc:
+        _print_problems(exc)
+        sys.exit(2)
+    except StoreUnavailable as exc:
+        click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
+        sys.exit(3)
+    if not isinstance(store, SQLiteStore):
+        click.echo("redis expires every key by its TTL: nothing to purge")
+        return
+    total = 0
+    try:
+        while n := store.sweep():
+            total += n
+        if vacuum:
+            store.vacuum()
+    except StoreUnavailable as exc:
+        click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
+        sys.exit(3)
+    click.echo(f"purged {total} expired record(s) from {store.path}")
+
+
 def _metrics_folder() -> None:
     """Give the workers one folder for their metric samples (multiprocess mode),
     emptied at start so a restart does not count the previous run twice."""

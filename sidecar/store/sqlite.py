@@ -51,7 +51,9 @@ CREATE INDEX IF NOT EXISTS idx_order ON idx (name, score, member);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-SWEEP_BATCH = 200
+#: Expired rows deleted per automatic sweep; a sweep runs every ``sweep_every``
+#: transactions, so up to SWEEP_BATCH / sweep_every rows expire per write.
+SWEEP_BATCH = 1000
 
 
 class SQLiteStore(Store):
@@ -73,7 +75,7 @@ class SQLiteStore(Store):
         *,
         busy_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
-        sweep_every: int = 100,
+        sweep_every: int = 50,
     ) -> None:
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
@@ -203,7 +205,10 @@ class SQLiteStore(Store):
             )
 
     def sweep(self, limit: int = SWEEP_BATCH) -> int:
-        """Delete up to ``limit`` expired documents now; returns how many went."""
+        """Delete up to ``limit`` expired documents now; returns how many went.
+
+        ``loopstop purge`` calls it until nothing is left.
+        """
         with self._errors():
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
@@ -214,6 +219,16 @@ class SQLiteStore(Store):
                 conn.execute("ROLLBACK")
                 raise
             return n
+
+    def vacuum(self) -> None:
+        """Rebuild the file, giving freed pages back to the disk (blocks writers)."""
+        with self._errors():
+            self._conn().execute("VACUUM")
+
+    def row_count(self) -> int:
+        """Documents stored, expired ones included (for tests and ``purge``)."""
+        with self._errors():
+            return int(self._conn().execute("SELECT COUNT(*) FROM kv").fetchone()[0])
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
