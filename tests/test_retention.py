@@ -57,7 +57,7 @@ def test_sqlite_stays_bounded_under_a_long_synthetic_run(tmp_path: Path) -> None
             sizes[i] = store.row_count()
     print(f"rows after 2,500 decisions: {sizes[2499]}, after 5,000: {sizes[4999]}")
     assert sizes[4999] <= sizes[2499] * 1.2
-    assert sizes[4999] < 2000  # ~ what two minutes of traffic leave, not 5,000 × 3
+    assert sizes[4999] < 2000  # ~ what two minutes of traffic leave, not 5,000 x 3
 
 
 def test_purge_deletes_every_expired_record(tmp_path: Path) -> None:
