@@ -1,0 +1,58 @@
+"""The deploy/ files: well-formed, and naming only metrics the service exports."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from conftest import Api, AppFactory
+
+DEPLOY = Path(__file__).parent.parent / "deploy"
+
+
+def test_compose_file_wires_redis_with_aof_and_loopstop() -> None:
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"redis", "loopstop", "n8n"} <= set(services)
+    assert "--appendonly" in services["redis"]["command"]
+    env = services["loopstop"]["environment"]
+    assert env["LOOPSTOP_STORE"].startswith("redis://redis:")
+    assert services["loopstop"]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_alert_rules_use_exported_metrics(make_app: AppFactory) -> None:
+    rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    assert len(exprs) == 4
+    exported = Api(make_app().test_client()).client.get("/metrics").get_data(as_text=True)
+    for expr in exprs:
+        for name in re.findall(r"loopstop_[a-z_]+", expr):
+            assert f"# TYPE {name.removesuffix('_total')}" in exported or name in exported, name
+
+
+def test_the_images_entry_command_runs(tmp_path: Path) -> None:
+    """No Docker engine here: run what the image runs (`loopstop serve`) as the image
+    would be configured, and check it refuses to listen publicly without tokens."""
+    import os
+    import subprocess
+    import sys
+
+    dockerfile = (Path(__file__).parent.parent / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["loopstop"]' in dockerfile and "USER loopstop" in dockerfile
+    assert "HEALTHCHECK" in dockerfile
+    env = {
+        "PATH": os.environ["PATH"],
+        "LOOPSTOP_BIND": "0.0.0.0:8765",
+        "LOOPSTOP_STORE": f"sqlite:///{tmp_path}/data/loopstop.db",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--workers", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "refusing to bind 0.0.0.0:8765" in out.stderr
