@@ -178,3 +178,12 @@ def test_redis_knows_when_a_timed_out_write_landed(redis_server: RedisServer) ->
     put(store, "k", {"at": 1.5, "id": "y"})
     assert store._landed(plan) is False
     store.close()
+
+
+def test_trim_removes_members_scored_below(store: Store) -> None:
+    store.transact(
+        [], lambda snap: Plan(None, {}, [IndexEntry("ix", f"m{i}", float(i)) for i in range(10)])
+    )
+    store.transact([], lambda snap: Plan(None, {}, [], [("ix", 4.0)]))
+    assert [m for m, _ in store.index_page("ix", limit=20)] == [f"m{i}" for i in range(4, 10)]
+    assert store.index_count("ix") == 6 and store.index_count("ix", max_score=5) == 2

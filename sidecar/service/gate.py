@@ -30,7 +30,7 @@ from sidecar.core.gate import (
 )
 from sidecar.errors import NotFound, ValidationFailed
 from sidecar.service import keys
-from sidecar.store import Plan, Snapshot, Store, Write
+from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
 
 
 def new_chain_id() -> str:
@@ -122,6 +122,18 @@ class GateService:
         self.fp = fingerprinter
         self.chains = chains
         self.clock = clock
+        self.longest_chain_s = max(
+            [chains.default.chain_ttl_s]
+            + [o.chain_ttl_s for o in chains.workflows.values() if o.chain_ttl_s]
+        )
+
+    def _write_chain(self, plan: Plan[Any], ns: str, chain: Chain, now: float) -> None:
+        """Store a chain and keep the index of live chains (for the operator page)."""
+        plan.writes[keys.chain(ns, chain.chain_id)] = Write(
+            chain.to_doc(), _ttl(chain.expires_at, now)
+        )
+        plan.index.append(IndexEntry(keys.recent_chains(ns), chain.chain_id, now))
+        plan.trims.append((keys.recent_chains(ns), now - self.longest_chain_s))
 
     def limits(self, workflow: str | None) -> ChainLimits:
         """The chain policy of ``workflow`` (defaults plus its overrides)."""
@@ -238,9 +250,7 @@ class GateService:
             if changes.chain is not None:
                 chain_key = keys.chain(ns, changes.chain.chain_id)
                 snap.get(chain_key)
-                plan.writes[chain_key] = Write(
-                    changes.chain.to_doc(), _ttl(changes.chain.expires_at, now)
-                )
+                self._write_chain(plan, ns, changes.chain, now)
             if changes.subject_rate is not None:
                 plan.writes[subject_key] = Write(
                     {"times": list(changes.subject_rate.times)}, limits.rate_window_s
@@ -316,9 +326,7 @@ class GateService:
             )
             new_chain, effect = core.register_effect(chain, req, self.limits(workflow), now)
             plan: Plan[tuple[Chain, Effect]] = Plan((new_chain, effect))
-            plan.writes[keys.chain(ns, new_chain.chain_id)] = Write(
-                new_chain.to_doc(), _ttl(new_chain.expires_at, now)
-            )
+            self._write_chain(plan, ns, new_chain, now)
             ttl = _ttl(effect.expires_at, now)
             link = Link(workflow, new_chain.chain_id, effect.depth, effect.expires_at)
             for h, link_key in zip(hashes, links, strict=True):

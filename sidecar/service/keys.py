@@ -22,6 +22,8 @@ pattern                         what
 ``<ns>:task:<task_id>``         a guarded agent task (JSON)
 ``<ns>:taskkey:<wf>:<h(key)>``  the task made under a ``task_key`` (JSON)
 ``<ns>:lineage:<task>:<check>``  pages a task read (cursor check) (JSON)
+``<ns>:ix:chains``              index: live chains, score = last activity
+``<ns>:ix:tasks``               index: tasks, score = last activity
 ==============================  ==============================================
 
 ``h(...)`` is a keyed hash (:meth:`Fingerprinter.key_hash`): identities
@@ -93,3 +95,11 @@ def task_key(ns: str, workflow: str | None, key_hash: str) -> str:
 
 def lineage(ns: str, task_id: str, check: str) -> str:
     return f"{ns}:lineage:{task_id}:{check}"
+
+
+def recent_chains(ns: str) -> str:
+    return f"{ns}:ix:chains"
+
+
+def recent_tasks(ns: str) -> str:
+    return f"{ns}:ix:tasks"

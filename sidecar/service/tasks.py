@@ -30,7 +30,7 @@ from sidecar.errors import Forbidden, NotFound, ValidationFailed
 from sidecar.service import keys
 from sidecar.service.checks import CheckService, check_input, verdict
 from sidecar.service.operations import OperationService
-from sidecar.store import Plan, Snapshot, Store, Write
+from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,13 @@ class TaskService:
         (the moments its retention changes)."""
         ttl = self._ttl(task, now)
         plan.writes[keys.task(ns, task.task_id)] = Write(task.to_doc(), ttl)
+        plan.index.append(IndexEntry(keys.recent_tasks(ns), task.task_id, now))
+        plan.trims.append(
+            (
+                keys.recent_tasks(ns),
+                now - self.settings.tasks.retention_s - self.settings.limits.deadline_s,
+            )
+        )
         if task.envelope is not None and (before is None or before.envelope is None):
             status, reason = task.envelope["status"], task.envelope["reason"]
             plan.on_commit.append(lambda: metrics.ENVELOPES.labels(status, reason).inc())

@@ -67,6 +67,8 @@ class Plan(Generic[T]):
     :ivar writes: key -> :class:`Write`. Every written key must have been
         read through the snapshot (so the compare-and-set covers it).
     :ivar index: index entries to add or remove.
+    :ivar trims: ``(index, score)``: remove every member scored below ``score``
+        (keeps "recent" indexes bounded to what is still alive).
     :ivar on_commit: called once after the plan committed (never when it did
         not, nor for a discarded attempt): counters of what actually happened.
     """
@@ -74,6 +76,7 @@ class Plan(Generic[T]):
     result: T
     writes: dict[str, Write] = field(default_factory=dict)
     index: list[IndexEntry] = field(default_factory=list)
+    trims: list[tuple[str, float]] = field(default_factory=list)
     on_commit: list[Callable[[], None]] = field(default_factory=list)
 
     def committed(self) -> T:

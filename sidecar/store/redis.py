@@ -88,7 +88,7 @@ class RedisStore(Store):
                 reads = _Reads(self)
                 reads.load(declared)
                 plan = fn(Snapshot(reads.docs, reads.load))
-                if not plan.writes and not plan.index and reads.round_trips <= 1:
+                if not plan.writes and not plan.index and not plan.trims and reads.round_trips <= 1:
                     return plan.committed()  # one MGET is a consistent snapshot
                 try:
                     applied = self._compare_and_set(reads.raw, plan)
@@ -141,18 +141,21 @@ class RedisStore(Store):
             ttl_ms = 0 if write.ttl_s is None else max(1, math.ceil(write.ttl_s * 1000))
             # A decimal string: Lua would print a large number as 1e+18.
             writes.append([position[key], value, str(min(ttl_ms, MAX_TTL_MS))])
-        index_keys = list(dict.fromkeys(e.index for e in plan.index))
+        index_keys = list(
+            dict.fromkeys([*(e.index for e in plan.index), *(name for name, _ in plan.trims)])
+        )
         ipos = {k: i + 1 for i, k in enumerate(index_keys)}
         index_ops = [
             [ipos[e.index], e.member, None if e.score is None else repr(float(e.score))]
             for e in plan.index
         ]
+        trims = [[ipos[name], repr(float(below))] for name, below in plan.trims]
         result = self._cas(
             keys=[self._k(k) for k in doc_keys] + [self._k(k) for k in index_keys],
             args=[
                 len(doc_keys),
                 *[raw[k] or "" for k in doc_keys],
-                json.dumps({"w": writes, "x": index_ops}, separators=(",", ":")),
+                json.dumps({"w": writes, "x": index_ops, "t": trims}, separators=(",", ":")),
             ],
         )
         return bool(result == 1)

@@ -270,6 +270,8 @@ class SQLiteStore(Store):
                     "expires_at = excluded.expires_at",
                     (key, json.dumps(write.doc, separators=(",", ":")), expires),
                 )
+        for name, below in plan.trims:
+            conn.execute("DELETE FROM idx WHERE name = ? AND score < ?", (name, below))
         for entry in plan.index:
             if entry.score is None:
                 conn.execute(

@@ -6,11 +6,13 @@
 -- ARGV[2..n+1]    the raw value each document had when read; "" = absent
 -- ARGV[n+2]       the plan, JSON:
 --                   {"w": [[doc_i, value | null, "ttl_ms"], ...],
---                    "x": [[index_i, member, score | null], ...]}
+--                    "x": [[index_i, member, score | null], ...],
+--                    "t": [[index_i, "below"], ...]}
 --                 doc_i counts from 1 among the documents, index_i from 1
 --                 among the indexes; value null deletes; ttl_ms is a decimal
 --                 string of milliseconds, "0" keeps forever; score (a decimal
---                 string) null removes the member.
+--                 string) null removes the member; a trim removes every
+--                 member scored below "below" (ZREMRANGEBYSCORE, exclusive).
 -- Returns 1 when the plan was applied, 0 when any document changed since it
 -- was read (the caller reads again and retries; nothing was written).
 
@@ -34,6 +36,9 @@ for _, w in ipairs(plan['w']) do
   else
     redis.call('SET', key, value)
   end
+end
+for _, t in ipairs(plan['t'] or {}) do
+  redis.call('ZREMRANGEBYSCORE', KEYS[n + t[1]], '-inf', '(' .. t[2])
 end
 for _, x in ipairs(plan['x']) do
   local key = KEYS[n + x[1]]
