@@ -18,7 +18,7 @@ from typing import Any
 import requests
 from flask import Flask, Response, g, request
 
-from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks
+from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable
 from sidecar.canonical import build_fingerprinter
@@ -100,6 +100,16 @@ def create_app(
     # The body limit is enforced by sidecar.api.body for Content-Length and
     # chunked bodies alike (werkzeug's own limit truncates chunked bodies).
     app.config["LOOPSTOP_MAX_BODY_BYTES"] = settings.http.max_body_bytes
+    # The operator page's session: signed with a key derived from the secret,
+    # so every worker and restart accepts it; it holds a token's name only.
+    app.secret_key = fingerprinter.mac("loopstop-ui-session")
+    app.config.update(
+        SESSION_COOKIE_NAME="loopstop_session",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
+        SESSION_COOKIE_SECURE=env.get("LOOPSTOP_UI_SECURE_COOKIE", "") == "1",
+        PERMANENT_SESSION_LIFETIME=12 * 3600,
+    )
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["loopstop"] = Runtime(
         settings=settings,
@@ -141,6 +151,7 @@ def create_app(
     app.register_blueprint(tasks.bp)
     app.register_blueprint(checks.bp)
     app.register_blueprint(model_gate.bp)
+    app.register_blueprint(ui.bp)
     problems.register(app, _render_extra)
 
     if tokens.open and announce:

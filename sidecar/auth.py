@@ -96,6 +96,14 @@ class TokenTable:
                 (hashlib.sha256(value.encode()).digest(), Principal(t.name, scope, t.admin))
             )
 
+    def by_name(self, name: str) -> Principal | None:
+        """The principal of the token named ``name`` (the operator page's session)."""
+        return next((p for _, p in self._entries if p.name == name), None)
+
+    @staticmethod
+    def loopback(remote_addr: str | None) -> bool:
+        return is_loopback(remote_addr)
+
     @property
     def open(self) -> bool:
         """True when no token is configured: serve unauthenticated, loopback only."""

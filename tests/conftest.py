@@ -152,6 +152,12 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def sidecar_env(store_url: str) -> dict[str, str]:
+    """The environment of a served sidecar on this test's store, with the test tokens."""
+    return {**TOKENS_ENV, "LOOPSTOP_STORE": store_url}
+
+
+@pytest.fixture
 def store(store_url: str) -> Iterator[Store]:
     s = store_from_url(store_url)
     s.ensure_schema()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from conftest import N8N_TOKEN, TOKENS_CONFIG, TOKENS_ENV, free_port
+from conftest import N8N_TOKEN, TOKENS_CONFIG, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -70,11 +70,6 @@ class Sidecar:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(30)
-
-
-@pytest.fixture
-def sidecar_env(store_url: str) -> dict[str, str]:
-    return {**TOKENS_ENV, "LOOPSTOP_STORE": store_url}
 
 
 def write_config(path: Path, text: str) -> Path:

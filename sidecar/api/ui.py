@@ -1,0 +1,275 @@
+"""``/ui``: a server-rendered page for operators (Jinja templates, no front-end build).
+
+It lists live chains (depth, activations, last decision, stop), tasks (status,
+reason, used budgets as bars against their limits) and operations awaiting
+reconciliation, with an activation timeline per chain (inline SVG), and it
+refreshes itself. A token is entered once: the signed, HttpOnly,
+SameSite=Strict session cookie keeps only the token's *name*, never its value.
+Views show only the token's workflows; stop and reconcile need an admin
+token and a CSRF token that every form carries. Without a session the page
+answers 401 with the login form.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Response, redirect, render_template, request, session, url_for
+
+from sidecar.api.decisions import log_decision
+from sidecar.auth import ANONYMOUS, Principal
+from sidecar.core.gate import Chain, Stop
+from sidecar.core.guard import Task
+from sidecar.core.operations import OperationState, ReconcileOutcome
+from sidecar.errors import Forbidden, LoopstopError, Unauthenticated
+from sidecar.runtime import Runtime, runtime
+from sidecar.service import keys
+
+bp = Blueprint("ui", __name__, url_prefix="/ui")
+
+REFRESH_S = 15
+LISTED = 50
+NS = "p"  # the page shows production executions
+
+
+def _when(ts: Any) -> str:
+    if isinstance(ts, int | float):
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return str(ts or "")
+
+
+@bp.app_template_filter("when")
+def when_filter(ts: Any) -> str:
+    return _when(ts)
+
+
+def _principal() -> Principal | None:
+    rt = runtime()
+    if rt.tokens.open:
+        return ANONYMOUS if rt.tokens.loopback(request.remote_addr) else None
+    name = session.get("token")
+    return None if not isinstance(name, str) else rt.tokens.by_name(name)
+
+
+def _login_page(error: str | None = None, status: int = 401) -> Response:
+    html = render_template("ui/login.html", error=error, principal=None)
+    return Response(html, status=status, mimetype="text/html")
+
+
+def _require_form(admin: bool = True) -> Principal:
+    """The principal of a form post, after the CSRF check.
+
+    :raises Unauthenticated: no session. :raises Forbidden: a bad CSRF token,
+        or not an admin token when ``admin``.
+    """
+    principal = _principal()
+    if principal is None:
+        raise Unauthenticated("log in at /ui first")
+    expected = session.get("csrf", "")
+    given = request.form.get("csrf", "")
+    if not runtime().tokens.open and not (expected and hmac.compare_digest(str(expected), given)):
+        raise Forbidden("the form's CSRF token is missing or wrong: reload the page")
+    if admin:
+        principal.require_admin()
+    return principal
+
+
+def _csrf() -> str:
+    if "csrf" not in session:
+        session["csrf"] = secrets.token_urlsafe(24)
+    return str(session["csrf"])
+
+
+@bp.get("/login")
+def login_form() -> Response:
+    return _login_page(status=200)
+
+
+@bp.post("/login")
+def login() -> Response:
+    rt = runtime()
+    token = request.form.get("token", "")
+    try:
+        principal = rt.tokens.authenticate(f"Bearer {token}", request.remote_addr)
+    except LoopstopError:
+        return _login_page("That token matches no configured token.")
+    session.clear()
+    session["token"] = principal.name  # the name only, never the value
+    session["csrf"] = secrets.token_urlsafe(24)
+    log_decision("ui.login", "logged_in", None, token_name=principal.name)
+    return redirect(url_for("ui.index"), code=303)  # type: ignore[return-value]
+
+
+@bp.post("/logout")
+def logout() -> Response:
+    _require_form(admin=False)
+    session.clear()
+    return redirect(url_for("ui.login_form"), code=303)  # type: ignore[return-value]
+
+
+def _chains(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
+    entries = rt.store.index_page(
+        keys.recent_chains(NS), min_score=now - rt.gate.longest_chain_s, limit=500
+    )
+    ids = [m for m, _ in reversed(entries)]
+    docs = rt.store.get_many(
+        [keys.chain(NS, i) for i in ids] + [keys.chain_stop(NS, i) for i in ids]
+    )
+    out = []
+    for chain_id in ids:
+        chain = Chain.from_doc(docs[keys.chain(NS, chain_id)])
+        if chain is None or not chain.alive(now) or not principal.allows(chain.workflow):
+            continue
+        stop_doc = docs[keys.chain_stop(NS, chain_id)]
+        out.append(
+            {
+                "chain": chain,
+                "stop": Stop(**stop_doc) if stop_doc else None,
+                "last": chain.recent[-1] if chain.recent else None,
+            }
+        )
+        if len(out) == LISTED:
+            break
+    return out
+
+
+def _tasks(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
+    horizon = rt.settings.tasks.retention_s + rt.settings.limits.deadline_s
+    entries = rt.store.index_page(keys.recent_tasks(NS), min_score=now - horizon, limit=500)
+    ids = [m for m, _ in reversed(entries)]
+    docs = rt.store.get_many([keys.task(NS, i) for i in ids])
+    out = []
+    for task_id in ids:
+        task = Task.from_doc(docs[keys.task(NS, task_id)])
+        if task is None or not principal.allows(task.workflow):
+            continue
+        u, lim = task.used, task.limits
+        bars = [
+            (u.tool_calls, lim.max_tool_calls),
+            (u.model_calls, lim.max_model_calls),
+            (u.tokens, lim.max_tokens),
+        ]
+        out.append({"task": task, "bars": bars})
+        if len(out) == LISTED:
+            break
+    return out
+
+
+def _operations(rt: Runtime, principal: Principal) -> list[Any]:
+    scopes: list[str | None] = [None]
+    if principal.workflows is not None:
+        scopes = list(sorted(principal.workflows))
+    items = []
+    for workflow in scopes:
+        page = rt.operations.list_open(
+            principal, NS, OperationState.UNKNOWN, workflow, None, LISTED
+        )
+        items += page.items
+    return items[:LISTED]
+
+
+@bp.get("")
+@bp.get("/")
+def index() -> Response:
+    principal = _principal()
+    if principal is None:
+        return _login_page()
+    rt = runtime()
+    now = rt.clock()
+    html = render_template(
+        "ui/index.html",
+        principal=principal,
+        csrf=_csrf(),
+        refresh=REFRESH_S,
+        chains=_chains(rt, principal, now),
+        tasks=_tasks(rt, principal, now),
+        operations=_operations(rt, principal),
+        message=request.args.get("done"),
+    )
+    return Response(html, mimetype="text/html")
+
+
+@bp.get("/chains/<chain_id>")
+def chain(chain_id: str) -> Response:
+    principal = _principal()
+    if principal is None:
+        return _login_page()
+    rt = runtime()
+    info = rt.gate.chain(principal, NS, chain_id)
+    recent = list(info.chain.recent)
+    width = max(300, 60 + 40 * len(recent))
+    depths = max([a.get("depth") or 0 for a in recent] + [info.chain.depth, 1])
+    height = 40 + 30 * depths
+
+    def y(depth: int | None) -> int:
+        return 20 + 30 * (depths - (depth or 0))
+
+    points = [
+        {
+            "x": 70 + 40 * i,
+            "y": y(a.get("depth")),
+            "decision": a["decision"],
+            "reason": a["reason"],
+            "at": _when(a["at"]),
+        }
+        for i, a in enumerate(recent)
+    ]
+    axis = [(y(d), d) for d in range(depths + 1)]
+    html = render_template(
+        "ui/chain.html",
+        principal=principal,
+        csrf=_csrf(),
+        chain=info.chain,
+        stop=info.stop,
+        points=points,
+        axis=axis,
+        width=width,
+        height=height,
+        refresh=REFRESH_S,
+    )
+    return Response(html, mimetype="text/html")
+
+
+@bp.post("/chains/<chain_id>/stop")
+def stop_chain(chain_id: str) -> Response:
+    principal = _require_form()
+    reason = request.form.get("reason", "").strip()[:500] or "stopped from /ui"
+    runtime().gate.stop_chain(principal, NS, chain_id, reason, stopped=True)
+    log_decision("ui.chains.stop", "stopped", reason, chain_id=chain_id)
+    return redirect(
+        url_for("ui.index", done=f"chain {chain_id} stopped"),  # type: ignore[return-value]
+        code=303,
+    )
+
+
+@bp.post("/workflows")
+def stop_workflow() -> Response:
+    principal = _require_form()
+    workflow = request.form.get("workflow", "").strip()[:200]
+    reason = request.form.get("reason", "").strip()[:500] or "stopped from /ui"
+    if not workflow:
+        raise Forbidden("name the workflow")
+    stopped = request.form.get("action", "stop") != "resume"
+    runtime().gate.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
+    verb = "stopped" if stopped else "resumed"
+    log_decision(f"ui.workflows.{'stop' if stopped else 'resume'}", verb, reason, workflow=workflow)
+    return redirect(
+        url_for("ui.index", done=f"workflow {workflow} {verb}"),  # type: ignore[return-value]
+        code=303,
+    )
+
+
+@bp.post("/operations/<operation_id>/reconcile")
+def reconcile(operation_id: str) -> Response:
+    principal = _require_form()
+    outcome = ReconcileOutcome(request.form.get("outcome", "not_committed"))
+    evidence = {"note": request.form.get("evidence", "").strip()[:1000], "via": "ui"}
+    runtime().operations.reconcile(principal, NS, operation_id, outcome, None, evidence)
+    log_decision("ui.operations.reconcile", outcome, None, operation_id=operation_id)
+    return redirect(
+        url_for("ui.index", done=f"operation {operation_id} reconciled"),  # type: ignore[return-value]
+        code=303,
+    )

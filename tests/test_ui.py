@@ -1,0 +1,99 @@
+"""The operator page through the app: login, cookie, CSRF, scopes, actions."""
+
+from __future__ import annotations
+
+import re
+
+from flask.testing import FlaskClient
+
+from conftest import ADMIN_TOKEN, N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
+
+
+def login(client: FlaskClient, token: str) -> str:
+    r = client.post("/ui/login", data={"token": token})
+    assert r.status_code == 303, r.get_data(as_text=True)
+    cookie = r.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert token not in cookie  # the value never reaches the browser's cookie jar
+    page = client.get("/ui").get_data(as_text=True)
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match, page[:500]
+    return match.group(1)
+
+
+def test_page_needs_a_token_and_shows_the_login_form(make_app: AppFactory) -> None:
+    client = make_app().test_client()
+    r = client.get("/ui")
+    assert r.status_code == 401 and 'name="token"' in r.get_data(as_text=True)
+    r = client.post("/ui/login", data={"token": "wrong"})
+    assert r.status_code == 401 and "matches no configured token" in r.get_data(as_text=True)
+
+
+def test_page_lists_chains_tasks_and_operations(make_app: AppFactory) -> None:
+    app = make_app()
+    api = Api(app.test_client())
+    first = api.post(
+        "/v1/activations", {"workflow": "wf-loop", "event_key": "e1", "content": {"a": 1}}
+    )[1]
+    api.post(
+        "/v1/chains/" + first["chain_id"] + "/stop", {"reason": "runaway sheet"}, token=ADMIN_TOKEN
+    )
+    api.post("/v1/tasks", {"workflow": "wf-agent", "task_key": "ticket-9"})
+    api.begin("mail:1", {"to": "x"}, workflow="wf-mail")
+    api.post(
+        "/v1/operations/mail:1/fail", {"attempt": 1, "outcome": "unknown", "detail": "SMTP timeout"}
+    )
+    client = app.test_client()
+    login(client, N8N_TOKEN)
+    page = client.get("/ui").get_data(as_text=True)
+    assert first["chain_id"] in page and "stopped: runaway sheet" in page
+    assert "ticket-9" in page and "mail:1" in page and "SMTP timeout" in page
+    assert 'http-equiv="refresh"' in page
+    assert "reconcile</button>" not in page  # not an admin: no actions
+    chain = client.get(f"/ui/chains/{first['chain_id']}").get_data(as_text=True)
+    assert "<svg" in chain and "new_chain" in chain
+
+
+def test_scoped_token_sees_only_its_workflows(make_app: AppFactory) -> None:
+    app = make_app()
+    api = Api(app.test_client())
+    mine = api.post("/v1/activations", {"workflow": "wf-sheets", "content": {"a": 1}})[1]
+    other = api.post("/v1/activations", {"workflow": "wf-crm", "content": {"a": 1}})[1]
+    client = app.test_client()
+    login(client, SCOPED_TOKEN)
+    page = client.get("/ui").get_data(as_text=True)
+    assert mine["chain_id"] in page and other["chain_id"] not in page
+    assert client.get(f"/ui/chains/{other['chain_id']}").status_code == 403
+
+
+def test_admin_actions_need_csrf(make_app: AppFactory) -> None:
+    app = make_app()
+    api = Api(app.test_client())
+    client = app.test_client()
+    csrf = login(client, ADMIN_TOKEN)
+    r = client.post("/ui/workflows", data={"workflow": "wf-x", "reason": "loop"})
+    assert r.status_code == 403
+    r = client.post("/ui/workflows", data={"workflow": "wf-x", "reason": "loop", "csrf": csrf})
+    assert r.status_code == 303
+    out = api.post("/v1/activations", {"workflow": "wf-x", "content": {"a": 1}})[1]
+    assert out["reason"] == "stopped"
+    n8n = app.test_client()
+    csrf = login(n8n, N8N_TOKEN)
+    r = n8n.post("/ui/workflows", data={"workflow": "wf-y", "reason": "x", "csrf": csrf})
+    assert r.status_code == 403  # not an admin
+
+
+def test_reconcile_from_the_page(make_app: AppFactory) -> None:
+    app = make_app()
+    api = Api(app.test_client())
+    api.begin("pay:1", {"x": 1}, workflow="wf-pay")
+    api.post("/v1/operations/pay:1/fail", {"attempt": 1, "outcome": "unknown"})
+    client = app.test_client()
+    csrf = login(client, ADMIN_TOKEN)
+    r = client.post(
+        "/ui/operations/pay:1/reconcile",
+        data={"outcome": "not_committed", "evidence": "no charge in Stripe", "csrf": csrf},
+    )
+    assert r.status_code == 303
+    op = api.get("/v1/operations/pay:1")[1]["operation"]
+    assert op["state"] == "not_committed" and op["reconciliation"]["actor"] == "operator"
