@@ -56,3 +56,12 @@ def test_the_images_entry_command_runs(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 2 and "refusing to bind 0.0.0.0:8765" in out.stderr
+
+
+def test_compose_file_is_valid_against_the_compose_specification() -> None:
+    """No Docker engine runs here: validate with the compose specification's own rules."""
+    import compose_spec
+
+    compose = compose_spec.PyCompose.from_yaml((DEPLOY / "docker-compose.yml").read_text())
+    compose.validate()
+    assert compose.service_names() == ["redis", "loopstop", "n8n"]

@@ -97,6 +97,7 @@ def begin(operation_id: str) -> Response:
         "operations.begin",
         outcome.decision,
         outcome.reason,
+        payload_fp=fingerprints[runtime().fingerprinter.current.id][:16],
         operation_id=operation_id,
         workflow=op.workflow if op else body.workflow,
         attempt=op.attempt if op else None,
