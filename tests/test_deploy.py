@@ -65,3 +65,22 @@ def test_compose_file_is_valid_against_the_compose_specification() -> None:
     compose = compose_spec.PyCompose.from_yaml((DEPLOY / "docker-compose.yml").read_text())
     compose.validate()
     assert compose.service_names() == ["redis", "loopstop", "n8n"]
+
+
+def test_alert_rules_pass_promtool() -> None:
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        import pytest
+
+        pytest.fail("promtool is not installed (scripts/test installs Debian's prometheus)")
+    out = subprocess.run(
+        [promtool, "check", "rules", str(DEPLOY / "alerts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0 and "SUCCESS: 4 rules found" in out.stdout, out.stdout + out.stderr
