@@ -17,11 +17,11 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
 RUN pip install . \
- && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin loopstop \
+ && useradd --system --uid 10001 --user-group --home-dir /data --shell /usr/sbin/nologin loopstop \
  && mkdir -p /data /etc/loopstop \
  && chown loopstop:loopstop /data
 
-USER loopstop
+USER 10001:10001
 VOLUME ["/data"]
 EXPOSE 8765
 

@@ -40,7 +40,7 @@ def test_the_images_entry_command_runs(tmp_path: Path) -> None:
     import sys
 
     dockerfile = (Path(__file__).parent.parent / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["loopstop"]' in dockerfile and "USER loopstop" in dockerfile
+    assert 'ENTRYPOINT ["loopstop"]' in dockerfile and "USER 10001" in dockerfile
     assert "HEALTHCHECK" in dockerfile
     env = {
         "PATH": os.environ["PATH"],
@@ -84,3 +84,20 @@ def test_alert_rules_pass_promtool() -> None:
         check=False,
     )
     assert out.returncode == 0 and "SUCCESS: 4 rules found" in out.stdout, out.stdout + out.stderr
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    dockerfile = Path(__file__).parent.parent / "Dockerfile"
+    out = subprocess.run(
+        [hadolint, "--no-color", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
