@@ -193,6 +193,7 @@ def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) ->
             "proc_name": "loopstop",
             "forwarded_allow_ips": "127.0.0.1,::1",
             "control_socket_disable": True,
+            "limit_request_line": 8190,  # long ids reach the app and get a 422 problem
             "child_exit": _child_exit,
         }
     ).run()

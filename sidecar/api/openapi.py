@@ -76,6 +76,7 @@ def route(
             response,
             errors,
             auth,
+            status,
             path_params=path_params or {},
         )
     )
@@ -130,17 +131,26 @@ def document() -> dict[str, Any]:
                 "content": {"application/json": {"schema": refs[(r.body, "validation")]}},
             }
         responses: dict[str, Any] = {}
+        codes = {200, r.status} if r.status == 201 else {r.status}  # 201 created, 200 found
         if r.response is not None:
-            responses[str(r.status)] = {
-                "description": "OK",
-                "content": {"application/json": {"schema": refs[(r.response, "serialization")]}},
-            }
+            for code in sorted(codes):
+                responses[str(code)] = {
+                    "description": "OK",
+                    "content": {
+                        "application/json": {"schema": refs[(r.response, "serialization")]}
+                    },
+                }
         for code in r.errors:
             responses[str(code)] = {
                 "description": "problem details (RFC 9457)",
                 "content": {
                     "application/problem+json": {"schema": refs[(Problem, "serialization")]}
                 },
+            }
+        if r.path_params:
+            responses["414"] = {
+                "description": "request line over 8190 bytes (the HTTP server's "
+                "own answer, before loopstop sees the request)"
             }
         op["responses"] = responses
         if r.auth:
