@@ -147,7 +147,7 @@ def document() -> dict[str, Any]:
                     "application/problem+json": {"schema": refs[(Problem, "serialization")]}
                 },
             }
-        if r.path_params:
+        if r.path_params or r.query is not None:
             responses["414"] = {
                 "description": "request line over 8190 bytes (the HTTP server's "
                 "own answer, before loopstop sees the request)"
