@@ -39,7 +39,7 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path, store_url: str) -> N
             "LOOPSTOP_SECRET": "fuzz-secret-0123456789",
         },
     ).start()
-    examples = os.environ.get("LOOPSTOP_FUZZ_EXAMPLES", "8")
+    examples = os.environ.get("LOOPSTOP_FUZZ_EXAMPLES", "10")
     st = str(Path(sys.executable).parent / "st")
     try:
         out = subprocess.run(
