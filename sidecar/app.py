@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from flask import Flask, Response, g, request
+from flask import Flask, Request, Response, g, request
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
 from sidecar.api.models import OperationView
@@ -97,6 +98,7 @@ def create_app(
     task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
 
     app = Flask("sidecar")
+    app.session_interface = _PageSessions()
     # The body limit is enforced by sidecar.api.body for Content-Length and
     # chunked bodies alike (werkzeug's own limit truncates chunked bodies).
     app.config["LOOPSTOP_MAX_BODY_BYTES"] = settings.http.max_body_bytes
@@ -164,3 +166,12 @@ def _render_extra(name: str, value: Any) -> Any:
     if isinstance(value, Operation):
         return OperationView.of(value, g.get("ns", "p")).model_dump(mode="json")
     return value
+
+
+class _PageSessions(SecureCookieSessionInterface):
+    """Sessions for the operator page only: API requests never open or set a cookie."""
+
+    def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
+        if not request.path.startswith("/ui"):
+            return self.null_session_class()
+        return super().open_session(app, request)

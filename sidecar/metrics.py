@@ -13,6 +13,7 @@ Metric names (all prefixed ``loopstop_``):
 ``task_envelopes_total{status,reason}`` tasks ended, by terminal status/reason
 ``invalid_markers_total``               markers that did not verify
 ``store_errors_total``                  requests answered 503 (store unavailable)
+``store_round_trips_total``             round trips to a Redis store
 ``model_turns_total{decision}``         model-gate turns admitted / denied
 ``model_tokens_total``                  tokens the upstream model reported
 ``operations_awaiting_reconciliation``  open operations whose outcome is unknown
@@ -64,6 +65,9 @@ STORE_ERRORS = Counter(
 )
 MODEL_TURNS = Counter(
     "loopstop_model_turns_total", "Model-gate turns, admitted or denied.", ["decision"]
+)
+STORE_ROUND_TRIPS = Counter(
+    "loopstop_store_round_trips_total", "Requests sent to a Redis store (one per round trip)."
 )
 MODEL_TOKENS = Counter(
     "loopstop_model_tokens_total", "Tokens the upstream model reported through the gate."

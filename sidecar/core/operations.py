@@ -27,7 +27,7 @@ States::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -124,8 +124,9 @@ class Operation:
     reconcile_check: dict[str, Any] | None = None
 
     def to_doc(self) -> dict[str, Any]:
-        """A JSON-ready dict (the stored document)."""
-        doc = asdict(self)
+        """A JSON-ready dict (the stored document); fields are JSON values already,
+        so a shallow copy does (``asdict`` would deep-copy every nested value)."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["state"] = str(self.state)
         return doc
 

@@ -38,6 +38,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from sidecar import metrics
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn
 
@@ -150,6 +151,7 @@ class RedisStore(Store):
             for e in plan.index
         ]
         trims = [[ipos[name], repr(float(below))] for name, below in plan.trims]
+        metrics.STORE_ROUND_TRIPS.inc()
         result = self._cas(
             keys=[self._k(k) for k in doc_keys] + [self._k(k) for k in index_keys],
             args=[
@@ -283,6 +285,7 @@ class _Reads:
         if not fresh:
             return
         self.round_trips += 1
+        metrics.STORE_ROUND_TRIPS.inc()
         values = cast(list[str | None], self.store.client.mget([self.store._k(k) for k in fresh]))
         for k, v in zip(fresh, values, strict=True):
             self.raw[k] = v

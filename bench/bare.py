@@ -1,0 +1,31 @@
+"""A bare Flask app answering a JSON body the size of a sidecar decision: the
+baseline bench/run.py compares the sidecar with (same gunicorn settings)."""
+
+from __future__ import annotations
+
+from flask import Flask, Response, jsonify, request
+
+BODY = {
+    "decision": "execute", "reason": "new",
+    "operation": {"operation_id": "bench-000000", "state": "in_progress", "attempt": 1,
+                  "receipt": None, "result": None, "workflow": "bench", "task_id": None,
+                  "chain_id": None, "execution_mode": "production",
+                  "created_at": "2026-11-30T00:00:00.000Z",
+                  "updated_at": "2026-11-30T00:00:00.000Z",
+                  "lease_expires_at": "2026-11-30T00:01:00.000Z", "last_failure": None,
+                  "reconciliation": None},
+}
+
+
+def create_app() -> Flask:
+    app = Flask("bare")
+
+    @app.post("/v1/operations/<op>/<verb>")
+    @app.post("/v1/activations")
+    @app.post("/v1/tasks/<task>/tool-calls")
+    @app.post("/v1/tasks/<task>/tool-calls/<call>/result")
+    def answer(**_: str) -> Response:
+        request.get_json(silent=True)  # parse the body as the sidecar does
+        return jsonify(BODY)
+
+    return app

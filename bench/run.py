@@ -1,0 +1,267 @@
+"""Benchmarks: decisions per second and latency of the sidecar on SQLite and on
+Redis, side by side with a bare Flask route under the same gunicorn settings,
+driven by the same load tool (wrk).
+
+    apt-get install wrk          # Debian's wrk
+    .venv/bin/python bench/run.py [--duration 10] [--connections 16] [--big 1000000]
+
+It prints, for operation begin+commit, activation, and tool-call admission +
+result: decisions/s, p50/p95/p99 latency, the ratio to the bare route, and on
+Redis the round trips (counted by the sidecar's own client) and the commands
+(INFO commandstats deltas) per decision; then begin+commit latency with 1k and
+with ``--big`` records already in each store (seeded directly).
+Everything runs on loopback: the servers it starts, and a private redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+TOKEN = "bench-token-0123456789abcdef"
+SECRET = "bench-secret-0123456789abcdef"
+CONFIG = """
+tokens:
+  - {name: bench, env: BENCH_TOKEN, workflows: ["*"], admin: true}
+operations: {retention_s: 3600}
+chains:
+  default: {rate_limit: 1000000, workflow_rate_limit: 1000000, max_activations: 1000000}
+"""
+SCENARIOS = {
+    "begin+commit": "begin_commit.lua",
+    "activation": "activation.lua",
+    "tool call+result": "tool_call.lua",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {url}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"not ready: {url}")
+
+
+def start_sidecar(store: str, workdir: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    (workdir / "loopstop.yaml").write_text(CONFIG)
+    env = {"PATH": os.environ["PATH"], "LOOPSTOP_CONFIG": str(workdir / "loopstop.yaml"),
+           "LOOPSTOP_STORE": store, "LOOPSTOP_SECRET": SECRET, "BENCH_TOKEN": TOKEN,
+           "LOOPSTOP_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{port}",
+         "--workers", str(workers)],
+        cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/readyz", proc)
+    return proc, base
+
+
+def start_bare(workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--chdir", str(BENCH), "-w", str(workers),
+         "-b", f"127.0.0.1:{port}", "--log-level", "warning", "bare:create_app()"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            requests.post(base + "/v1/activations", json={}, timeout=1)
+            return proc, base
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError("bare app not ready")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(30)
+
+
+def wrk(base: str, scenario: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    script = Path(tempfile.mkstemp(suffix=".lua")[1])
+    script.write_text((BENCH / SCENARIOS[scenario]).read_text() + "\n"
+                      + (BENCH / "report.lua").read_text())
+    try:
+        out = subprocess.run(
+            ["wrk", "-t", str(args.threads), "-c", str(args.connections), "-d",
+             f"{args.duration}s", "-s", str(script), base],
+            capture_output=True, text=True, env={**os.environ, **env}, check=True,
+            timeout=args.duration + 60)
+    finally:
+        script.unlink()
+    line = next(x for x in out.stdout.splitlines() if x.startswith("BENCH "))
+    figures: dict[str, Any] = json.loads(line.removeprefix("BENCH "))
+    figures["per_s"] = figures["requests"] / figures["duration_s"]
+    return figures
+
+
+def make_tasks(base: str, n: int) -> str:
+    ids = []
+    for _ in range(n):
+        r = requests.post(base + "/v1/tasks", headers={"Authorization": f"Bearer {TOKEN}"},
+                          json={"workflow": "bench", "limits": {
+                              "max_tool_calls": 1_000_000, "max_same_call": 1_000_000,
+                              "max_idle": 1_000_000, "deadline_s": 31_000_000}}, timeout=10)
+        r.raise_for_status()
+        ids.append(r.json()["task"]["task_id"])
+    return ",".join(ids)
+
+
+def round_trips(base: str) -> float:
+    text = requests.get(base + "/metrics", timeout=10).text
+    found = re.search(r"^loopstop_store_round_trips_total (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def redis_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if k.split("|")[0] in ("cmdstat_mget", "cmdstat_evalsha", "cmdstat_eval",
+                                      "cmdstat_get", "cmdstat_script"))
+
+
+def seed_sqlite(path: Path, n: int) -> None:
+    from sidecar.store.sqlite import SQLiteStore
+
+    SQLiteStore(path).close()  # the schema
+    doc = json.dumps({"operation_id": "x", "state": "committed", "attempt": 1, "pad": "y" * 200})
+    with sqlite3.connect(path) as conn:
+        conn.executemany("INSERT OR REPLACE INTO kv (key, doc, expires_at) VALUES (?, ?, NULL)",
+                         ((f"p:op:seed-{i}", doc) for i in range(n)))
+
+
+def seed_redis(client: redis.Redis, n: int) -> None:
+    doc = json.dumps({"operation_id": "x", "state": "committed", "attempt": 1, "pad": "y" * 200})
+    for start in range(0, n, 10_000):
+        client.mset({f"loopstop:p:op:seed-{i}": doc for i in range(start, min(n, start + 10_000))})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="loopstop benchmarks (wrk)")
+    ap.add_argument("--duration", type=int, default=10, help="seconds per run")
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--big", type=int, default=1_000_000, help="records for the size run")
+    args = ap.parse_args()
+    if not shutil.which("wrk"):
+        print("wrk is missing: apt-get install wrk", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="loopstop-bench-"))
+    redis_port = free_port()
+    redis_proc = subprocess.Popen(
+        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp)], stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=redis_port, decode_responses=True)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    env = {"BENCH_TOKEN": TOKEN}
+    rows: list[tuple[str, str, dict[str, Any]]] = []
+    try:
+        bare, bare_base = start_bare(args.workers)
+        baseline = {s: wrk(bare_base, s, args, {**env, "BENCH_TASKS": "t,t,t,t"})
+                    for s in SCENARIOS}
+        stop(bare)
+        stores = {"sqlite": f"sqlite:///{tmp}/bench.db", "redis": f"redis://127.0.0.1:{redis_port}/0"}
+        for name, url in stores.items():
+            workdir = tmp / name
+            workdir.mkdir()
+            proc, base = start_sidecar(url, workdir, args.workers)
+            try:
+                for scenario in SCENARIOS:
+                    extra = {"BENCH_RUN": f"{name}{scenario[:3]}"}
+                    if scenario.startswith("tool"):
+                        extra["BENCH_TASKS"] = make_tasks(base, args.threads)
+                    trips0, calls0 = round_trips(base), redis_calls(client)
+                    figures = wrk(base, scenario, args, {**env, **extra})
+                    if name == "redis":
+                        n = figures["requests"]
+                        figures["round_trips"] = (round_trips(base) - trips0) / n
+                        figures["commands"] = (redis_calls(client) - calls0) / n
+                    figures["ratio"] = figures["per_s"] / baseline[scenario]["per_s"]
+                    rows.append((name, scenario, figures))
+            finally:
+                stop(proc)
+        sizes: dict[str, dict[int, dict[str, Any]]] = {}
+        for name in stores:
+            sizes[name] = {}
+            for count in (1_000, args.big):
+                client.flushdb()
+                workdir = tmp / f"{name}-{count}"
+                workdir.mkdir()
+                url = (f"sqlite:///{workdir}/size.db" if name == "sqlite"
+                       else f"redis://127.0.0.1:{redis_port}/0")
+                if name == "sqlite":
+                    seed_sqlite(workdir / "size.db", count)
+                else:
+                    seed_redis(client, count)
+                proc, base = start_sidecar(url, workdir, args.workers)
+                try:
+                    sizes[name][count] = wrk(base, "begin+commit", args,
+                                             {**env, "BENCH_RUN": f"size{count}"})
+                finally:
+                    stop(proc)
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"\nloopstop benchmarks: {args.workers} gunicorn workers, wrk -t{args.threads} "
+          f"-c{args.connections} -d{args.duration}s, {os.cpu_count()} cores\n")
+    print(f"{'target':<8} {'scenario':<18} {'decisions/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
+          f"{'p99 ms':>8} {'vs bare':>8} {'RTT/dec':>8} {'cmds/dec':>8}")
+    for scenario, f in baseline.items():
+        print(f"{'bare':<8} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
+              f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {'1.00':>8} {'':>8} {'':>8}")
+    for name, scenario, f in rows:
+        rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
+        cmds = f"{f['commands']:.2f}" if "commands" in f else ""
+        print(f"{name:<8} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
+              f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} {rtt:>8} {cmds:>8}")
+    print("\nbegin+commit with records already stored:")
+    for name, by_count in sizes.items():
+        small, big = by_count[1_000], by_count[args.big]
+        print(f"  {name:<7} 1k: p99 {small['p99_ms']:.2f} ms, {small['per_s']:.0f}/s;  "
+              f"{args.big:,}: p99 {big['p99_ms']:.2f} ms, {big['per_s']:.0f}/s;  "
+              f"p99 ratio {big['p99_ms'] / small['p99_ms']:.2f}")
+    errors = sum(f["errors"] + f["non_2xx"] for _, _, f in rows)
+    print(f"\nerrors and non-2xx answers across the sidecar runs: {errors}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
