@@ -219,7 +219,7 @@ def main() -> int:
         sizes: dict[str, dict[int, dict[str, Any]]] = {}
         for name in stores:
             sizes[name] = {}
-            for count in (1_000, args.big):
+            for count in sorted({1_000, args.big}):
                 client.flushdb()
                 workdir = tmp / f"{name}-{count}"
                 workdir.mkdir()
@@ -243,7 +243,7 @@ def main() -> int:
     print(f"\nloopstop benchmarks: {args.workers} gunicorn workers, wrk -t{args.threads} "
           f"-c{args.connections} -d{args.duration}s, {os.cpu_count()} cores\n")
     print(f"{'target':<8} {'scenario':<18} {'decisions/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
-          f"{'p99 ms':>8} {'vs bare':>8} {'RTT/dec':>8} {'cmds/dec':>8}")
+          f"{'p99 ms':>8} {'vs bare':>8} {'RTT/dec':>8} {'cmds/dec':>8} {'non-2xx':>8}")
     for scenario, f in baseline.items():
         print(f"{'bare':<8} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
               f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {'1.00':>8} {'':>8} {'':>8}")
@@ -251,7 +251,8 @@ def main() -> int:
         rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
         cmds = f"{f['commands']:.2f}" if "commands" in f else ""
         print(f"{name:<8} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
-              f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} {rtt:>8} {cmds:>8}")
+              f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} {rtt:>8} {cmds:>8} "
+              f"{f['errors'] + f['non_2xx']:>8}")
     print("\nbegin+commit with records already stored:")
     for name, by_count in sizes.items():
         small, big = by_count[1_000], by_count[args.big]

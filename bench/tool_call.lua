@@ -3,7 +3,7 @@
 local counter = 0
 local thread_id = 0
 
-local call = nil
+local calls = {}   -- call ids admitted and not yet reported (one queue per wrk thread)
 local token = os.getenv("BENCH_TOKEN") or ""
 local tasks = {}
 for t in string.gmatch(os.getenv("BENCH_TASKS") or "", "[^,]+") do table.insert(tasks, t) end
@@ -20,9 +20,9 @@ end
 function request()
   counter = counter + 1
   local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token}
-  if call ~= nil then
+  if #calls > 0 then
+    local call = table.remove(calls, 1)
     local path = "/v1/tasks/" .. task .. "/tool-calls/" .. call .. "/result"
-    call = nil
     return wrk.format("POST", path, headers,
       '{"status": "ok", "result": {"n": ' .. counter .. '}, "evidence": {"revision": ' .. counter .. '}}')
   end
@@ -32,5 +32,5 @@ end
 
 function response(status, headers, body)
   local found = string.match(body, '"call_id":"(k%x+)"')
-  if found then call = found end
+  if found then table.insert(calls, found) end
 end
