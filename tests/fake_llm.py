@@ -8,12 +8,13 @@ OpenAI-style error), ``slow`` (answers after 2 s).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from local_http import running
 
 
 class FakeLLM:
@@ -102,13 +103,6 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
 @contextmanager
 def serve() -> Iterator[FakeLLM]:
     llm = FakeLLM()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(llm))
-    server.daemon_threads = True
-    llm.base = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with running(_handler(llm)) as base:
+        llm.base = base + "/v1"
         yield llm
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -7,13 +7,14 @@ a redirect to another host, and an echo of the raw request path.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from local_http import running
 
 
 class SystemOfRecord:
@@ -114,13 +115,6 @@ def _handler(data: SystemOfRecord) -> type[BaseHTTPRequestHandler]:
 def serve() -> Iterator[SystemOfRecord]:
     """Run the server on a free loopback port for the duration of the block."""
     data = SystemOfRecord()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(data))
-    server.daemon_threads = True
-    data.base = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with running(_handler(data)) as base:
+        data.base = base
         yield data
-    finally:
-        server.shutdown()
-        server.server_close()
