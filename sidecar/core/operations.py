@@ -427,6 +427,14 @@ class CheckFinding:
     absent: bool
     evidence: dict[str, Any]
 
+    @classmethod
+    def of(cls, check: str, passed: bool, reason: str, evidence: dict[str, Any]) -> CheckFinding:
+        """Read a check's verdict: passed means found; the receiver answering
+        404 or 410 for the record proves it absent; anything else decides nothing
+        (an assertion that failed means the record exists in another state)."""
+        absent = reason == "unexpected_status" and evidence.get("status") in (404, 410)
+        return cls(check, passed, absent, evidence)
+
 
 def begin_after_check(
     op: Operation | None,

@@ -13,7 +13,7 @@ from typing import Any
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
-from sidecar.checks import CheckReason, Checks
+from sidecar.checks import Checks
 from sidecar.core import operations as core
 from sidecar.core.operations import (
     OPEN_STATES,
@@ -170,10 +170,7 @@ class OperationService:
             return None
         data = spec.get("input")
         result = self.checks.run(name, data, self.checks.prefetch(name, data))
-        absent = result.reason is CheckReason.UNEXPECTED_STATUS and result.evidence.get(
-            "status"
-        ) in (404, 410)
-        return CheckFinding(name, result.passed, absent, result.evidence)
+        return CheckFinding.of(name, result.passed, str(result.reason), result.evidence)
 
     def commit(
         self,
