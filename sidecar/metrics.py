@@ -76,6 +76,67 @@ MODEL_TOKENS = Counter(
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+def _known_reasons() -> frozenset[str]:
+    from sidecar.checks import CheckReason
+    from sidecar.core.gate import ActivationDecision, ActivationReason
+    from sidecar.core.guard import EndReason, ResultStatus, TaskStatus, ToolDecision
+    from sidecar.core.operations import (
+        BeginDecision,
+        BeginReason,
+        FailOutcome,
+        OperationState,
+        ReconcileOutcome,
+    )
+
+    enums = (
+        CheckReason,
+        ActivationDecision,
+        ActivationReason,
+        EndReason,
+        ResultStatus,
+        TaskStatus,
+        ToolDecision,
+        BeginDecision,
+        BeginReason,
+        FailOutcome,
+        OperationState,
+        ReconcileOutcome,
+    )
+    return frozenset(str(member) for enum in enums for member in enum)
+
+
+_KNOWN: frozenset[str] | None = None
+
+
+def label(value: str) -> str:
+    """A decision or reason as a label value: one of the product's own names, else
+    ``other`` (an operator's free-text stop reason must not become a series)."""
+    global _KNOWN
+    if _KNOWN is None:
+        _KNOWN = _known_reasons() | {
+            "",
+            "admit",
+            "deny",
+            "untracked",
+            "recorded",
+            "ended",
+            "completed",
+            "continue",
+            "check_failed",
+            "created",
+            "existing",
+            "registered",
+            "stopped",
+            "resumed",
+            "passed",
+            "failed",
+            "logged_in",
+            "wrap_up",
+            "in_progress",
+        }
+    return value if value in _KNOWN else "other"
+
+
 class _AwaitingReconciliation(Collector):
     """Reads the count of unknown operations from the store at scrape time."""
 

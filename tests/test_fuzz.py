@@ -63,6 +63,7 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path, store_url: str) -> N
             text=True,
             timeout=900,
             check=False,
+            cwd=tmp_path,  # its crash cache stays out of the checkout
             env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"},
         )
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openapi_spec_validator import validate
 
-from conftest import Api, AppFactory
+from conftest import ADMIN_TOKEN, Api, AppFactory
 
 
 def test_healthz_and_readyz(api: Api, store_url: str) -> None:
@@ -90,3 +90,15 @@ def test_metrics_names_and_optional_protection(make_app: AppFactory) -> None:
     assert protected.get("/metrics").status_code == 401
     ok = protected.get("/metrics", headers={"Authorization": "Bearer scrape-0123456789abcdef"})
     assert ok.status_code == 200
+
+
+def test_metric_labels_stay_bounded(make_app: AppFactory) -> None:
+    """An operator's free-text stop reason is logged, but never becomes a metric label."""
+    api = Api(make_app().test_client())
+    api.post("/v1/workflows/wf/stop", {"reason": "order ORD-555 customer ana@example.com"},
+             token=ADMIN_TOKEN)
+    r = api.client.get("/metrics")
+    text = r.get_data(as_text=True)
+    assert "ana@example.com" not in text
+    assert 'reason="other",route="workflows.stop"' in text
+    assert r.headers["Content-Type"].count("charset") == 1

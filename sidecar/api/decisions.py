@@ -39,5 +39,7 @@ def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
         elapsed = time.perf_counter() - started
         line["latency_ms"] = round(elapsed * 1000, 3)
         metrics.LATENCY.labels(route).observe(elapsed)
-    metrics.DECISIONS.labels(route, line["decision"] or "", line["reason"] or "").inc()
+    metrics.DECISIONS.labels(
+        route, metrics.label(line["decision"] or ""), metrics.label(line["reason"] or "")
+    ).inc()
     log.info(json.dumps(line, separators=(",", ":"), default=str))

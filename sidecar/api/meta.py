@@ -61,7 +61,7 @@ def metrics_route() -> Response:
     def unknown() -> int:
         return rt.store.index_count(keys.open_operations("p"), max_score=rt.clock())
 
-    return Response(metrics.exposition(unknown), mimetype=metrics.CONTENT_TYPE)
+    return Response(metrics.exposition(unknown), content_type=metrics.CONTENT_TYPE)
 
 
 @public.get("/openapi.json")
