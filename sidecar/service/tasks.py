@@ -74,6 +74,9 @@ class TaskService:
             settings.operations.max_attempts, settings.operations.retention_s
         )
         self.clock = clock
+        # A task's workflow and chain never change: remembering them lets a decision
+        # name the stop keys up front (one read round trip instead of two).
+        self._scopes: dict[str, tuple[str | None, str | None]] = {}
 
     # -- helpers -----------------------------------------------------------------
 
@@ -112,6 +115,20 @@ class TaskService:
         if task.ended_at is not None:
             return max(1.0, task.ended_at + retention - now)
         return max(1.0, task.created_at + task.limits.deadline_s + retention - now)
+
+    def _stop_keys(self, ns: str, task_id: str) -> list[str]:
+        """The stop keys of a task seen before by this process (else none: read lazily)."""
+        scope = self._scopes.get(f"{ns}:{task_id}")
+        if scope is None:
+            return []
+        workflow, chain_id = scope
+        out = [keys.workflow_stop(workflow)] if workflow else []
+        return out + ([keys.chain_stop(ns, chain_id)] if chain_id else [])
+
+    def _remember(self, ns: str, task: Task) -> None:
+        if len(self._scopes) > 10_000:
+            self._scopes.clear()
+        self._scopes[f"{ns}:{task.task_id}"] = (task.workflow, task.chain_id)
 
     def _stopped(self, snap: Snapshot, ns: str, task: Task) -> core.EndReason | None:
         if task.workflow and snap.get(keys.workflow_stop(task.workflow)) is not None:
@@ -211,7 +228,9 @@ class TaskService:
             self._write_task(plan, snap, ns, task, now)
             return plan
 
-        return self.store.transact(declared, decide)
+        task, created = self.store.transact(declared, decide)
+        self._remember(ns, task)
+        return task, created
 
     def get(self, principal: Principal, ns: str, task_id: str) -> Task:
         """:raises NotFound, Forbidden, StoreUnavailable:"""
@@ -226,6 +245,7 @@ class TaskService:
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, ModelOutcome]]:
             task = self._scoped(principal, snap.get(key), task_id)
+            self._remember(ns, task)
             new, out = core.admit_model_call(task, tokens_used, now, self._stopped(snap, ns, task))
             plan: Plan[tuple[Task, ModelOutcome]] = Plan((new, out))
             if new != task:
@@ -254,7 +274,7 @@ class TaskService:
                 self._write_task(plan, snap, ns, new, now, task)
             return plan
 
-        return self.store.transact([key], decide)
+        return self.store.transact([key, *self._stop_keys(ns, task_id)], decide)
 
     def tool_call(
         self, principal: Principal, ns: str, task_id: str, body: CallInput
@@ -282,13 +302,14 @@ class TaskService:
         args_prints = self.fp.fingerprints(body.args)
         call_id = "k" + secrets.token_hex(8)
         key = keys.task(ns, task_id)
-        declared = [key]
+        declared = [key, *self._stop_keys(ns, task_id)]
         op_key = keys.operation(ns, body.operation_id) if body.operation_id else None
         if op_key and body.kind is CallKind.WRITE:
             declared.append(op_key)
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, ToolOutcome]]:
             task = self._scoped(principal, snap.get(key), task_id)
+            self._remember(ns, task)
             op = None
             begin = None
             if body.kind is CallKind.WRITE and op_key and body.operation_id:
