@@ -193,7 +193,9 @@ def main() -> int:
     rows: list[tuple[str, str, dict[str, Any]]] = []
     try:
         bare, bare_base = start_bare(args.workers)
-        baseline = {s: wrk(bare_base, s, args, {**env, "BENCH_TASKS": "t,t,t,t"})
+        baseline = {s: wrk(bare_base, s, args, {**env, "BENCH_TASKS": ",".join(
+                        f"t{i:020x}" for i in range(args.connections)),
+                        "BENCH_THREADS": str(args.threads)})
                     for s in SCENARIOS}
         stop(bare)
         stores = {"sqlite": f"sqlite:///{tmp}/bench.db", "redis": f"redis://127.0.0.1:{redis_port}/0"}
@@ -205,7 +207,8 @@ def main() -> int:
                 for scenario in SCENARIOS:
                     extra = {"BENCH_RUN": f"{name}{scenario[:3]}"}
                     if scenario.startswith("tool"):
-                        extra["BENCH_TASKS"] = make_tasks(base, args.threads)
+                        extra["BENCH_TASKS"] = make_tasks(base, args.connections)
+                        extra["BENCH_THREADS"] = str(args.threads)
                     trips0, calls0 = round_trips(base), redis_calls(client)
                     figures = wrk(base, scenario, args, {**env, **extra})
                     if name == "redis":

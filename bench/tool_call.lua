@@ -1,36 +1,43 @@
--- Admission of a tool call, then its result, alternately, on one task per thread
--- (BENCH_TASKS: comma-separated task ids, one per wrk thread).
+-- Admission of a tool call, then its result, on several tasks per wrk thread
+-- (BENCH_TASKS: comma-separated task ids, split evenly over the threads), as
+-- several agents would: calls of one task come one after another.
 local counter = 0
-local thread_id = 0
-
-local calls = {}   -- call ids admitted and not yet reported (one queue per wrk thread)
 local token = os.getenv("BENCH_TOKEN") or ""
-local tasks = {}
-for t in string.gmatch(os.getenv("BENCH_TASKS") or "", "[^,]+") do table.insert(tasks, t) end
-local next_index = 1
+local all = {}
+for t in string.gmatch(os.getenv("BENCH_TASKS") or "", "[^,]+") do table.insert(all, t) end
+local threads = tonumber(os.getenv("BENCH_THREADS") or "2")
+local next_thread = 0
+local pending = {}   -- "task call" pairs admitted and not yet reported
 
 function setup(thread)
-  thread:set("task", tasks[next_index])
-  next_index = next_index + 1
+  local mine = {}
+  for i = next_thread + 1, #all, threads do table.insert(mine, all[i]) end
+  thread:set("mine", table.concat(mine, ","))
+  next_thread = next_thread + 1
 end
 
-function init(args)
-end
+local tasks = nil
 
 function request()
+  if tasks == nil then
+    tasks = {}
+    for t in string.gmatch(mine, "[^,]+") do table.insert(tasks, t) end
+  end
   counter = counter + 1
   local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token}
-  if #calls > 0 then
-    local call = table.remove(calls, 1)
-    local path = "/v1/tasks/" .. task .. "/tool-calls/" .. call .. "/result"
-    return wrk.format("POST", path, headers,
-      '{"status": "ok", "result": {"n": ' .. counter .. '}, "evidence": {"revision": ' .. counter .. '}}')
+  if #pending > 0 then
+    local item = table.remove(pending, 1)
+    local task, call = string.match(item, "(%S+) (%S+)")
+    return wrk.format("POST", "/v1/tasks/" .. task .. "/tool-calls/" .. call .. "/result",
+                      headers, '{"status": "ok", "result": {"n": ' .. counter .. '}}')
   end
+  local task = tasks[(counter % #tasks) + 1]
   return wrk.format("POST", "/v1/tasks/" .. task .. "/tool-calls", headers,
-    '{"tool": "search", "kind": "read", "args": {"q": ' .. counter .. '}}')
+    '{"tool": "search", "kind": "read", "args": {"q": ' .. counter .. ', "t": "' .. task .. '"}}')
 end
 
 function response(status, headers, body)
-  local found = string.match(body, '"call_id":"(k%x+)"')
-  if found then table.insert(calls, found) end
+  local call = string.match(body, '"call_id":"(k%x+)"')
+  local task = string.match(body, '"task_id":"(t%x+)"')
+  if call and task then table.insert(pending, task .. " " .. call) end
 end
