@@ -440,8 +440,13 @@ class ToolOutcome:
     operation: Operation | None = None
 
 
+#: Fingerprint digits kept in a task's history (64 bits: distinct calls of one
+#: task never collide in practice, and the task document stays small).
+PRINT_DIGITS = 16
+
+
 def _signature(tool: str, args_fp: str, revision: int | None) -> str:
-    return f"{tool}|{args_fp}|{revision}"
+    return f"{tool}|{args_fp[:PRINT_DIGITS]}|{revision}"
 
 
 def _same_calls_in_a_row(task: Task, sig: str) -> int:
@@ -716,9 +721,10 @@ def record_result(
     if task.used.retries:
         task = replace(task, used=replace(task.used, retries=0))
     if kind is CallKind.POLL:
-        unchanged = task.used.unchanged_polls + 1 if res.result_fp == task.last_poll else 0
+        result_print = res.result_fp[:PRINT_DIGITS]
+        unchanged = task.used.unchanged_polls + 1 if result_print == task.last_poll else 0
         task = replace(
-            task, last_poll=res.result_fp, used=replace(task.used, unchanged_polls=unchanged)
+            task, last_poll=result_print, used=replace(task.used, unchanged_polls=unchanged)
         )
         if ev is not None and ev.revision is not None:
             task = _progress(task, ev.revision, res.result)
@@ -738,13 +744,15 @@ def record_result(
     if progressed and ev is not None and ev.revision is not None:
         task = _progress(task, ev.revision, res.result)
     else:
-        repeated = res.result_fp in task.results_seen
+        repeated = res.result_fp[:PRINT_DIGITS] in task.results_seen
         if (ev is not None and ev.revision is not None) or repeated or failed_check:
             idle = task.used.idle + 1
             task = replace(task, used=replace(task.used, idle=idle))
             if idle >= limits.max_idle:
                 return ended(EndReason.NO_PROGRESS)
-    task = replace(task, results_seen=(*task.results_seen, res.result_fp)[-CALL_HISTORY:])
+    task = replace(
+        task, results_seen=(*task.results_seen, res.result_fp[:PRINT_DIGITS])[-CALL_HISTORY:]
+    )
     if ev is not None and ev.done:
         return ended(EndReason.VERIFIED_DONE)
     return task, new_op, ResultOutcome(None)
