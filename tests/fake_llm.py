@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from local_http import running
+from local_http import JsonHandler, running
 
 
 class FakeLLM:
@@ -62,19 +62,8 @@ class FakeLLM:
 
 
 def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _json(self, status: int, body: Any) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
 
         def do_GET(self) -> None:
             if self.path.endswith("/models"):

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler with one way to answer JSON."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _json(self, status: int, body: object) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
 
 
 class _Quiet(ThreadingHTTPServer):

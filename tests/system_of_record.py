@@ -6,7 +6,6 @@ a redirect to another host, and an echo of the raw request path.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +13,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from local_http import running
+from local_http import JsonHandler, running
 
 
 class SystemOfRecord:
@@ -32,18 +31,7 @@ class SystemOfRecord:
 
 
 def _handler(data: SystemOfRecord) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:  # quiet
-            pass
-
-        def _json(self, status: int, body: Any) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             data.seen_auth.append(self.headers.get("Authorization"))
             parts = urlsplit(self.path)

@@ -95,8 +95,11 @@ def test_metrics_names_and_optional_protection(make_app: AppFactory) -> None:
 def test_metric_labels_stay_bounded(make_app: AppFactory) -> None:
     """An operator's free-text stop reason is logged, but never becomes a metric label."""
     api = Api(make_app().test_client())
-    api.post("/v1/workflows/wf/stop", {"reason": "order ORD-555 customer ana@example.com"},
-             token=ADMIN_TOKEN)
+    api.post(
+        "/v1/workflows/wf/stop",
+        {"reason": "order ORD-555 customer ana@example.com"},
+        token=ADMIN_TOKEN,
+    )
     r = api.client.get("/metrics")
     text = r.get_data(as_text=True)
     assert "ana@example.com" not in text

@@ -30,6 +30,7 @@ from sidecar.markers import CHAIN_ID_PATTERN
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.gate import ActivationInput, ChainInfo, EffectInput
+from sidecar.service.keys import ExecutionMode
 
 bp = Blueprint("chains", __name__, url_prefix="/v1")
 
@@ -178,15 +179,8 @@ def get_chain(chain_id: str) -> Response:
     summary="Stop a chain (admin): every later activation and begin in it is refused.",
 )
 def stop_chain(chain_id: str) -> Response:
-    check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     body = parse_body(StopBody)
-    info = runtime().gate.stop_chain(
-        g.principal, keys.namespace(body.execution_mode), chain_id, body.reason, stopped=True
-    )
-    log_decision(
-        "chains.stop", "stopped", body.reason, chain_id=chain_id, workflow=info.chain.workflow
-    )
-    return _chain_answer(info)
+    return _set_chain_stop(chain_id, body.execution_mode, body.reason, stopped=True)
 
 
 @route(
@@ -200,13 +194,23 @@ def stop_chain(chain_id: str) -> Response:
     summary="Lift a chain's stop (admin).",
 )
 def resume_chain(chain_id: str) -> Response:
-    check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     body = parse_body(ResumeBody)
+    return _set_chain_stop(chain_id, body.execution_mode, body.reason or "", stopped=False)
+
+
+def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bool) -> Response:
+    """Stop or resume a chain (admin), log it, answer with the chain."""
+    check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     info = runtime().gate.stop_chain(
-        g.principal, keys.namespace(body.execution_mode), chain_id, body.reason or "", stopped=False
+        g.principal, keys.namespace(mode), chain_id, reason, stopped=stopped
     )
+    route_name = "chains.stop" if stopped else "chains.resume"
     log_decision(
-        "chains.resume", "resumed", body.reason, chain_id=chain_id, workflow=info.chain.workflow
+        route_name,
+        "stopped" if stopped else "resumed",
+        reason or None,
+        chain_id=chain_id,
+        workflow=info.chain.workflow,
     )
     return _chain_answer(info)
 

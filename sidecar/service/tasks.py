@@ -378,7 +378,13 @@ class TaskService:
         return self.store.transact([key], decide)
 
     def _tool_check(self, principal: Principal, key: str, task_id: str, call_id: str) -> str | None:
-        """The check configured for the tool of ``call_id`` (read before any I/O)."""
+        """The check configured for the tool of ``call_id`` (read before any I/O).
+
+        Without any tool check configured there is nothing to look up: the
+        result is decided in one transaction, with no extra read.
+        """
+        if not any(tool.check for tool in self.settings.tools.values()):
+            return None
         task = self._scoped(principal, self.store.get(key), task_id)
         call = next((c for c in task.calls if c["call_id"] == call_id), None)
         if call is None or call["status"] != "pending":
@@ -401,9 +407,12 @@ class TaskService:
         :raises ValidationFailed: the named check does not exist.
         """
         key = keys.task(ns, task_id)
-        task = self._scoped(principal, self.store.get(key), task_id)
-        policy = self.settings.policies.get(task.policy or "")
-        exit_check = policy.exit_check if policy is not None else None
+        exit_check = None
+        if any(p.exit_check for p in self.settings.policies.values()):
+            # Which exit check applies depends on the task's policy: read it first.
+            task = self._scoped(principal, self.store.get(key), task_id)
+            policy = self.settings.policies.get(task.policy or "")
+            exit_check = policy.exit_check if policy is not None else None
         if exit_check is not None and check not in (None, exit_check):
             raise ValidationFailed(
                 [
