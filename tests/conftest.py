@@ -217,3 +217,8 @@ class Api:
 @pytest.fixture
 def api(make_app: AppFactory) -> Api:
     return Api(make_app().test_client())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the real-n8n suite after everything else (it is the slowest to start)."""
+    items.sort(key=lambda item: item.get_closest_marker("n8n") is not None)

@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible upstream for the model gate tests (loopback only).
 
 It records every request and answers by ``mode``: ``tool_call`` (always the
-same tool call), ``final`` (a plain answer), ``429`` / ``500`` (an
+same call of the first offered tool), ``final`` (a plain answer), ``429`` / ``500`` (an
 OpenAI-style error), ``slow`` (answers after 2 s).
 """
 
@@ -36,6 +36,7 @@ class FakeLLM:
         if self.mode == "slow":
             time.sleep(2)
         if self.mode == "tool_call":
+            name, arguments = _first_tool(req)
             message: dict[str, Any] = {
                 "role": "assistant",
                 "content": None,
@@ -43,7 +44,7 @@ class FakeLLM:
                     {
                         "id": "call_1",
                         "type": "function",
-                        "function": {"name": "echo", "arguments": '{"note": "again"}'},
+                        "function": {"name": name, "arguments": json.dumps(arguments)},
                     }
                 ],
             }
@@ -59,6 +60,20 @@ class FakeLLM:
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
         }
+
+
+def _first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The first offered tool and the same arguments for it every time.
+
+    Each property of the tool's JSON schema gets the string ``"again"``; a
+    request without tools asks for ``echo`` with ``{"note": "again"}``.
+    """
+    tools = req.get("tools") or []
+    if not tools:
+        return "echo", {"note": "again"}
+    function = tools[0].get("function", {})
+    props = (function.get("parameters") or {}).get("properties") or {}
+    return function.get("name", "echo"), {k: "again" for k in props} or {"note": "again"}
 
 
 def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:

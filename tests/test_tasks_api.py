@@ -129,6 +129,22 @@ def test_operation_conflict(api: Api) -> None:
     )
 
 
+def test_a_committed_write_asked_for_again_and_again_is_a_loop(api: Api) -> None:
+    """A replay executes nothing, but a model that keeps asking for the same
+    committed write is looping: replayed while under ``max_same_call``, then
+    ``same_call`` like any identical call (an n8n agent otherwise runs to
+    Max Iterations on replays)."""
+    a = Agent(api, limits={"max_same_call": 2})
+    note = {"note": "again"}
+    first = a.call("create_note", note, kind="write", operation_id="note:1")
+    assert first["decision"] == "execute"
+    a.result(first, result={"id": "n1"}, receipt={"id": "n1"})
+    again = a.call("create_note", note, kind="write", operation_id="note:1")
+    assert (again["decision"], again["receipt"]) == ("replay", {"id": "n1"})
+    assert again["envelope"] is None
+    ended(a.call("create_note", note, kind="write", operation_id="note:1"), "partial", "same_call")
+
+
 def test_fatal_result(api: Api) -> None:
     a = Agent(api)
     out = a.result(a.call("search", {"q": 1}), "fatal", result={"error": "400"})

@@ -478,18 +478,6 @@ def _cycle(task: Task, sig: str, repeats: int) -> bool:
     return False
 
 
-def _replays(call: ToolCall, op: Operation | None, now: float) -> bool:
-    """True when this write would be answered from the ledger (committed, same payload)."""
-    return (
-        call.kind is CallKind.WRITE
-        and call.operation is not None
-        and op is not None
-        and op.state is OperationState.COMMITTED
-        and ledger.same_payload(op, call.operation.fingerprints)
-        and op.workflow == call.operation.workflow
-    )
-
-
 def admit_tool_call(
     task: Task,
     call: ToolCall,
@@ -528,7 +516,7 @@ def admit_tool_call(
             return ended(EndReason.POLL_BUDGET)
         if task.first_poll_at is not None and now - task.first_poll_at > limits.poll_deadline_s:
             return ended(EndReason.POLL_BUDGET)
-    elif not _replays(call, op, now):  # a replay executes nothing: only budgets bound it
+    else:  # a replay executes nothing, but a model that keeps asking for it is looping
         if _same_calls_in_a_row(task, sig) >= limits.max_same_call:
             return ended(EndReason.SAME_CALL)
         if _cycle(task, sig, limits.max_cycle_repeats):

@@ -1,0 +1,80 @@
+import type { IDataObject, INodeProperties } from 'n8n-workflow';
+import { compact, json, keys, positive, text } from '../../shared/parameters';
+import type { LoopStopOperation } from '../../shared/types';
+
+const show = { resource: ['effect'], operation: ['register'] };
+
+export const registerDescription: INodeProperties[] = [
+	{
+		displayName: 'Target Keys',
+		name: 'targetKeys',
+		type: 'string',
+		default: '',
+		required: true,
+		placeholder: 'e.g. sheet:orders:{{ $json.order_key }}',
+		description:
+			'The event keys the write will come back as (a row key, the sent message ID), separated by commas or spaces',
+		displayOptions: { show },
+	},
+	{
+		displayName: 'Content',
+		name: 'content',
+		type: 'json',
+		default: '{}',
+		required: true,
+		description: 'The fields this workflow wrote, as the trigger will show them',
+		displayOptions: { show },
+	},
+	{
+		displayName: 'Additional Fields',
+		name: 'additionalFields',
+		type: 'collection',
+		placeholder: 'Add Field',
+		default: {},
+		displayOptions: { show },
+		options: [
+			{
+				displayName: 'Chain ID',
+				name: 'chainId',
+				type: 'string',
+				default: '',
+				placeholder: "e.g. {{ $('Check Trigger').item.json.loopstop.chain_id }}",
+				description: 'The chain of the activation that led to this write (default: the workflow)',
+			},
+			{
+				displayName: 'Strict',
+				name: 'strict',
+				type: 'boolean',
+				default: false,
+				description: 'Whether to compare values exactly instead of normalizing numbers and text',
+			},
+			{
+				displayName: 'TTL (Seconds)',
+				name: 'ttlS',
+				type: 'number',
+				default: 0,
+				description: 'How long the effect is remembered (default: as long as its chain)',
+			},
+		],
+	},
+];
+
+/** `POST /v1/effects`: register a write so that its return is recognized as an echo. */
+export const register: LoopStopOperation = {
+	request(i, flow) {
+		const content = json(this, 'content', i);
+		return {
+			method: 'POST',
+			path: '/v1/effects',
+			body: compact({
+				workflow: flow.workflow,
+				execution_mode: flow.executionMode,
+				chain_id: text(this, 'additionalFields.chainId', i),
+				target_keys: keys(this, 'targetKeys', i),
+				content: (content ?? {}) as IDataObject,
+				ttl_s: positive(this, 'additionalFields.ttlS', i),
+				strict: this.getNodeParameter('additionalFields.strict', i, false) ? true : undefined,
+			}),
+		};
+	},
+};

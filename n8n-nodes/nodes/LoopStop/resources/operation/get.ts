@@ -1,0 +1,13 @@
+import type { LoopStopOperation } from '../../shared/types';
+import { segment } from '../../shared/parameters';
+
+/** `GET /v1/operations/{id}`: the record (state, attempt, receipt), never the payload. */
+export const get: LoopStopOperation = {
+	request(i, flow) {
+		return {
+			method: 'GET',
+			path: `/v1/operations/${segment(this, 'operationId', i)}`,
+			qs: { execution_mode: flow.executionMode },
+		};
+	},
+};

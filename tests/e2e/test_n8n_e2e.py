@@ -1,0 +1,370 @@
+"""End to end with a real n8n: the example workflows against a real sidecar.
+
+One n8n 2.41.1 (headless, SQLite, loopback), one sidecar (``loopstop serve``
+on SQLite), a small system of record and a fake OpenAI-compatible model are
+started for the module; the examples in ``workflows-examples/`` are imported
+as shipped (only the loopback addresses are rewritten) and driven through
+their production webhooks. Marked ``n8n``: ``-m "not n8n"`` skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+import requests
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from conftest import free_port  # noqa: E402
+from fake_llm import FakeLLM  # noqa: E402
+from fake_llm import serve as serve_fake_llm  # noqa: E402
+from local_http import JsonHandler, running  # noqa: E402
+from test_serve import Sidecar  # noqa: E402
+
+from n8n_runtime import N8n, build_node_package, Install  # noqa: E402
+
+pytestmark = pytest.mark.n8n
+
+EXAMPLES = HERE.parents[1] / "workflows-examples"
+TOKEN = "e2e-n8n-token-0123456789"
+MAX_DEPTH = 3
+MAX_SAME_CALL = 2
+AGENT_MAX_ITERATIONS = 10
+
+
+class Records:
+    """The system of record's data: CRM orders (duplicates kept) and ticket notes."""
+
+    def __init__(self) -> None:
+        self.orders: list[dict[str, Any]] = []
+        self.notes: list[dict[str, Any]] = []
+        self.slow_orders: set[str] = set()
+        self.work: list[dict[str, Any]] = []
+
+
+def _records_handler(data: Records) -> type[BaseHTTPRequestHandler]:
+    class Handler(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _body(self) -> dict[str, Any]:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            return json.loads(raw or b"{}")
+
+        def do_POST(self) -> None:
+            path = urlsplit(self.path).path
+            body = self._body()
+            if path == "/crm/orders":
+                order = {"id": f"crm-{len(data.orders) + 1}", **body}
+                data.orders.append(order)
+                if str(body.get("order_id")) in data.slow_orders:
+                    time.sleep(4)  # committed, but the caller times out first
+                return self._json(201, order)
+            if path == "/notes":
+                note = {"id": f"note-{len(data.notes) + 1}", **body}
+                data.notes.append(note)
+                return self._json(201, note)
+            return self._json(404, {"error": "no such route"})
+
+        def do_GET(self) -> None:
+            parts = urlsplit(self.path)
+            if parts.path == "/crm/orders":
+                wanted = parse_qs(parts.query).get("order_id", [""])[0]
+                found = [o for o in data.orders if str(o.get("order_id")) == wanted]
+                return self._json(200, {"found": bool(found), "orders": found})
+            if parts.path.startswith("/notes/"):
+                task_id = unquote(parts.path.removeprefix("/notes/"))
+                notes = [n for n in data.notes if n.get("task_id") == task_id]
+                return self._json(200, {"count": len(notes), "notes": notes})
+            return self._json(404, {"error": "no such route"})
+
+    return Handler
+
+
+@dataclass
+class Stack:
+    n8n: N8n
+    sidecar: Sidecar
+    records: Records
+    llm: FakeLLM
+
+    def sidecar_get(self, path: str) -> Any:
+        r = requests.get(
+            self.sidecar.base + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
+        r.raise_for_status()
+        return r.json()
+
+
+def _rewrite(text: str, n8n: str, sidecar: str, records: str) -> str:
+    return (
+        text.replace("http://localhost:5678", n8n)
+        .replace("http://127.0.0.1:8765", sidecar)
+        .replace("http://127.0.0.1:8790", records)
+    )
+
+
+def _direct_agent(agent: dict[str, Any]) -> dict[str, Any]:
+    """The agent example with its model credential pointing at the model itself."""
+    wf = json.loads(json.dumps(agent))
+    wf["id"] = "lsExAgentDirect1"
+    wf["name"] += " (model called directly)"
+    for node in wf["nodes"]:
+        node["id"] = str(uuid.uuid4())
+        if node["type"] == "n8n-nodes-base.webhook":
+            node["parameters"]["path"] = "loopstop-agent-direct"
+            node["webhookId"] = str(uuid.uuid4())
+        if "openAiApi" in node.get("credentials", {}):
+            node["credentials"]["openAiApi"] = {"id": "lsExDirectModel1", "name": "Model, no gate"}
+    return wf
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    work = tmp_path_factory.mktemp("n8n-e2e")
+    started = time.monotonic()
+    install = Install().ensure()
+    package = build_node_package()
+    with ExitStack() as stack:
+        records = Records()
+        records_base = stack.enter_context(running(_records_handler(records)))
+        llm = stack.enter_context(serve_fake_llm())
+
+        config = work / "loopstop.yaml"
+        config.write_text(
+            "tokens:\n"
+            "  - {name: n8n, env: LOOPSTOP_TOKEN_N8N, workflows: ['*']}\n"
+            f"chains:\n  default: {{max_depth: {MAX_DEPTH}}}\n"
+            "model_gate:\n"
+            f"  upstream_url: {llm.base}\n"
+            "  api_key_env: E2E_UPSTREAM_KEY\n"
+            "  timeout_s: 20\n"
+            "checks:\n"
+            "  note_created:\n"
+            "    kind: http\n"
+            "    method: GET\n"
+            f"    url: '{records_base}/notes/{{task_id}}'\n"
+            "    expect_status: [200]\n"
+            "    assert: ['count > `0`']\n"
+        )
+        sidecar = Sidecar(
+            work,
+            {
+                "LOOPSTOP_CONFIG": str(config),
+                "LOOPSTOP_STORE": f"sqlite:///{work / 'loopstop.db'}",
+                "LOOPSTOP_TOKEN_N8N": TOKEN,
+                "E2E_UPSTREAM_KEY": "sk-upstream-fake",
+            },
+            workers=2,
+        ).start()
+        stack.callback(sidecar.stop)
+
+        home = work / "n8n-home"
+        home.mkdir()
+        n8n = N8n(install, home, free_port(), free_port())
+        n8n.install_node_package(package)
+
+        creds = work / "credentials.json"
+        creds.write_text(
+            json.dumps(
+                [
+                    {
+                        "id": "lsExLoopStopCred",
+                        "name": "Loop Stop",
+                        "type": "loopStopApi",
+                        "data": {"baseUrl": sidecar.base, "token": TOKEN},
+                    },
+                    {
+                        "id": "lsExModelGate001",
+                        "name": "Loop Stop model gate",
+                        "type": "openAiApi",
+                        "data": {"apiKey": TOKEN, "url": sidecar.base + "/v1/openai"},
+                    },
+                    {
+                        "id": "lsExDirectModel1",
+                        "name": "Model, no gate",
+                        "type": "openAiApi",
+                        "data": {"apiKey": "sk-upstream-fake", "url": llm.base},
+                    },
+                ]
+            )
+        )
+        n8n.import_credentials(creds)
+        flows = work / "workflows"
+        flows.mkdir()
+        for example in sorted(EXAMPLES.glob("*.json")):
+            text = _rewrite(example.read_text(), n8n.base, sidecar.base, records_base)
+            (flows / example.name).write_text(text)
+            if example.name == "guarded-tools-agent.json":
+                direct = _direct_agent(json.loads(text))
+                (flows / "guarded-tools-agent-direct.json").write_text(json.dumps(direct))
+        n8n.import_workflow(flows)  # a folder: one CLI boot for all
+        for wid in (
+            "lsExSelfCall0001",
+            "lsExCrmWrite0001",
+            "lsExAgent0000001",
+            "lsExAgentDirect1",
+            "lsExAgentTool001",
+        ):
+            n8n.publish(wid)
+        stack.callback(n8n.stop)
+        n8n.start()
+        print(f"\n[n8n-e2e] stack ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        yield Stack(n8n, sidecar, records, llm)
+
+
+def _node_output(run: Any, node: str) -> list[list[dict[str, Any]]]:
+    """Items per output of a node's first run: ``[[json, ...], ...]``."""
+    runs = run["resultData"]["runData"].get(node) or []
+    if not runs:
+        return []
+    return [[item["json"] for item in (out or [])] for out in runs[0]["data"]["main"]]
+
+
+def test_examples_import_and_every_node_type_exists(stack: Stack) -> None:
+    known = stack.n8n.node_types()
+    for example in sorted(EXAMPLES.glob("*.json")):
+        wf = json.loads(example.read_text())
+        assert wf["settings"]["executionOrder"] == "v1"
+        assert stack.n8n.workflow_exists(wf["id"]), example.name
+        for node in wf["nodes"]:
+            versions = known.get(node["type"])
+            assert versions is not None, f"{example.name}: {node['type']} is not a node of n8n"
+            assert node["typeVersion"] in versions, (
+                f"{example.name}: {node['type']} v{node['typeVersion']} not in {versions}"
+            )
+
+
+def test_webhook_self_call_proceeds_max_depth_plus_one_then_drops(stack: Stack) -> None:
+    wid = "lsExSelfCall0001"
+    r = stack.n8n.webhook("loopstop-self-call", {"run": "e2e-1", "hop": 0})
+    assert r.status_code == 200, r.text
+    rows = stack.n8n.wait_settled(wid, MAX_DEPTH + 2)
+    time.sleep(3)  # a loop that failed to stop would show more executions by now
+    rows = stack.n8n.wait_settled(wid, MAX_DEPTH + 2)
+    assert [x["status"] for x in rows] == ["success"] * (MAX_DEPTH + 2)
+
+    decisions = []
+    chain_ids = set()
+    for row in rows:
+        out = _node_output(stack.n8n.run_data(row["id"]), "Check Trigger")
+        proceed, drop = out[0], out[1]
+        assert len(proceed) + len(drop) == 1
+        answer = (proceed or drop)[0]["loopstop"]
+        decisions.append((answer["decision"], answer["reason"], answer["depth"]))
+        chain_ids.add(answer["chain_id"])
+    assert decisions == [
+        ("proceed", "new_chain", 0),
+        *[("proceed", "reentry", d) for d in range(1, MAX_DEPTH + 1)],
+        ("drop", "chain_depth", MAX_DEPTH + 1),
+    ]
+    (chain_id,) = chain_ids
+    chain = stack.sidecar_get(f"/v1/chains/{chain_id}")["chain"]
+    assert (chain["activations"], chain["drops"]) == (MAX_DEPTH + 1, 1)
+
+
+def test_crm_write_creates_exactly_one_record(stack: Stack) -> None:
+    wid = "lsExCrmWrite0001"
+    before = len(stack.n8n.executions(wid))
+
+    # Five deliveries of the same order at once, then once more each in turn.
+    order = {"order_id": "A-100", "amount": 42}
+    with ThreadPoolExecutor(5) as pool:
+        answers = list(pool.map(lambda _: stack.n8n.webhook("loopstop-crm-write", order), range(5)))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    for _ in range(2):
+        assert stack.n8n.webhook("loopstop-crm-write", order).status_code == 200
+    created = [o for o in stack.records.orders if o["order_id"] == "A-100"]
+    assert len(created) == 1
+    op = stack.sidecar_get("/v1/operations/crm-order-A-100")["operation"]
+    assert (op["state"], op["attempt"]) == ("committed", 1)
+    assert op["receipt"]["id"] == created[0]["id"]
+
+    # The CRM commits, then answers after the node's 2 s timeout: unknown, then
+    # the next delivery reconciles against the CRM instead of writing again.
+    stack.records.slow_orders.add("B-200")
+    slow = {"order_id": "B-200", "amount": 7}
+    assert stack.n8n.webhook("loopstop-crm-write", slow).status_code == 200
+    assert stack.sidecar_get("/v1/operations/crm-order-B-200")["operation"]["state"] == "unknown"
+    for _ in range(3):
+        assert stack.n8n.webhook("loopstop-crm-write", slow).status_code == 200
+    assert len([o for o in stack.records.orders if o["order_id"] == "B-200"]) == 1
+    op = stack.sidecar_get("/v1/operations/crm-order-B-200")["operation"]
+    assert op["state"] == "committed" and op["reconciliation"] is not None
+
+    rows = stack.n8n.wait_settled(wid, before + 11)
+    assert len(rows) == before + 11
+    assert all(x["status"] == "success" for x in rows[before:])
+
+
+def _agent_run(stack: Stack, path: str, wid: str, ticket: str) -> tuple[requests.Response, int, Any]:
+    """Drive the agent example once; returns the answer, the model requests it made, the run."""
+    stack.llm.mode = "tool_call"  # the same tool call forever
+    before = len(stack.llm.requests)
+    runs = len(stack.n8n.executions(wid))
+    r = stack.n8n.webhook(path, {"ticket": ticket, "question": "Add a note and answer."}, timeout=180)
+    rows = stack.n8n.wait_settled(wid, runs + 1, timeout=120)
+    return r, len(stack.llm.requests) - before, rows[-1]
+
+
+def test_agent_behind_the_model_gate_ends_with_the_final_message(stack: Stack) -> None:
+    wid = "lsExAgent0000001"
+    notes_before = len(stack.records.notes)
+    r, model_requests, row = _agent_run(stack, "loopstop-agent", wid, "T-1")
+    assert r.status_code == 200, r.text
+    assert row["status"] == "success"
+    answer = r.json()
+    assert answer["status"] == "partial" and answer["reason"] == "same_call", answer
+    assert answer["answer"].startswith("[loopstop] This task has ended: partial (same_call)")
+
+    run = stack.n8n.run_data(row["id"])
+    task_id = _node_output(run, "Create Task")[0][0]["loopstop"]["task"]["task_id"]
+    task = stack.sidecar_get(f"/v1/tasks/{task_id}")
+    assert task["task"]["status"] == "partial" and task["envelope"]["reason"] == "same_call"
+    notes = [n for n in stack.records.notes[notes_before:] if n["task_id"] == task_id]
+    assert 1 <= len(notes) <= MAX_SAME_CALL
+    assert model_requests <= MAX_SAME_CALL + 2
+    assert model_requests < AGENT_MAX_ITERATIONS
+    print(f"\n[n8n-e2e] agent behind the gate: {model_requests} model requests upstream, "
+          f"{len(notes)} note(s) written, task {task['task']['status']}/{task['envelope']['reason']}",
+          file=sys.stderr)
+
+
+def test_agent_without_the_gate_runs_to_max_iterations(stack: Stack) -> None:
+    """The same agent with its credential on the model itself: denied tool calls are
+    only more tool output, so the model keeps asking until Max Iterations."""
+    wid = "lsExAgentDirect1"
+    notes_before = len(stack.records.notes)
+    r, model_requests, row = _agent_run(stack, "loopstop-agent-direct", wid, "T-2")
+    assert row["status"] == "error"
+    assert model_requests == AGENT_MAX_ITERATIONS
+    # The tools are still guarded: the side effect happened at most once.
+    assert len(stack.records.notes) - notes_before <= MAX_SAME_CALL
+    print(f"\n[n8n-e2e] agent without the gate: {model_requests} model requests upstream "
+          f"(HTTP {r.status_code}), execution {row['status']}", file=sys.stderr)
+
+
+def test_node_package_lints_builds_and_passes_its_unit_tests() -> None:
+    """``npm run lint && npm test`` in ``n8n-nodes/`` (n8n's own strict lint; the
+    unit tests stub the sidecar at n8n's HTTP helper)."""
+    import subprocess
+
+    package = build_node_package()
+    for script in ("lint", "test"):
+        proc = subprocess.run(
+            ["npm", "run", script], cwd=package, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, f"npm run {script}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
