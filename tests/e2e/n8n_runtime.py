@@ -48,7 +48,9 @@ def _log(msg: str) -> None:
     print(f"[n8n-e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 1800) -> None:
+def _run(
+    cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 1800
+) -> None:
     started = time.monotonic()
     proc = subprocess.run(
         cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
@@ -109,7 +111,9 @@ class Install:
 
     def disk_usage(self) -> int:
         """Bytes under the install folder."""
-        return sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file() and not f.is_symlink())
+        return sum(
+            f.stat().st_size for f in self.dir.rglob("*") if f.is_file() and not f.is_symlink()
+        )
 
 
 def build_node_package() -> Path:
@@ -146,7 +150,10 @@ class N8n:
         return self.home / ".n8n" / "database.sqlite"
 
     def env(self, broker_port: int | None = None) -> dict[str, str]:
-        bin_dirs = [str(self.install.node_dir / "bin"), str(self.install.dir / "node_modules" / ".bin")]
+        bin_dirs = [
+            str(self.install.node_dir / "bin"),
+            str(self.install.dir / "node_modules" / ".bin"),
+        ]
         return {
             "PATH": os.pathsep.join([*bin_dirs, os.environ["PATH"]]),
             "HOME": str(self.home),
@@ -192,7 +199,9 @@ class N8n:
             check=False,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"n8n {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise RuntimeError(
+                f"n8n {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
         return proc.stdout
 
     def import_workflow(self, path: Path) -> None:
@@ -254,7 +263,9 @@ class N8n:
 
     def workflow_exists(self, workflow_id: str) -> bool:
         with sqlite3.connect(self.database) as db:
-            row = db.execute("select 1 from workflow_entity where id = ?", (workflow_id,)).fetchone()
+            row = db.execute(
+                "select 1 from workflow_entity where id = ?", (workflow_id,)
+            ).fetchone()
         return row is not None
 
     def node_types(self) -> dict[str, list[float]]:
@@ -281,7 +292,9 @@ class N8n:
             ).fetchall()
         return [dict(r) for r in rows]
 
-    def wait_settled(self, workflow_id: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:
+    def wait_settled(
+        self, workflow_id: str, count: int, timeout: float = 60
+    ) -> list[dict[str, Any]]:
         """Wait until at least ``count`` executions exist and none is still running."""
         deadline = time.monotonic() + timeout
         while True:

@@ -10,7 +10,6 @@ their production webhooks. Marked ``n8n``: ``-m "not n8n"`` skips it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
@@ -29,13 +28,13 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from conftest import free_port  # noqa: E402
 from fake_llm import FakeLLM  # noqa: E402
 from fake_llm import serve as serve_fake_llm  # noqa: E402
 from local_http import JsonHandler, running  # noqa: E402
+from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
 from test_serve import Sidecar  # noqa: E402
 
-from n8n_runtime import N8n, build_node_package, Install  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
@@ -310,12 +309,16 @@ def test_crm_write_creates_exactly_one_record(stack: Stack) -> None:
     assert all(x["status"] == "success" for x in rows[before:])
 
 
-def _agent_run(stack: Stack, path: str, wid: str, ticket: str) -> tuple[requests.Response, int, Any]:
+def _agent_run(
+    stack: Stack, path: str, wid: str, ticket: str
+) -> tuple[requests.Response, int, Any]:
     """Drive the agent example once; returns the answer, the model requests it made, the run."""
     stack.llm.mode = "tool_call"  # the same tool call forever
     before = len(stack.llm.requests)
     runs = len(stack.n8n.executions(wid))
-    r = stack.n8n.webhook(path, {"ticket": ticket, "question": "Add a note and answer."}, timeout=180)
+    r = stack.n8n.webhook(
+        path, {"ticket": ticket, "question": "Add a note and answer."}, timeout=180
+    )
     rows = stack.n8n.wait_settled(wid, runs + 1, timeout=120)
     return r, len(stack.llm.requests) - before, rows[-1]
 
@@ -338,9 +341,11 @@ def test_agent_behind_the_model_gate_ends_with_the_final_message(stack: Stack) -
     assert 1 <= len(notes) <= MAX_SAME_CALL
     assert model_requests <= MAX_SAME_CALL + 2
     assert model_requests < AGENT_MAX_ITERATIONS
-    print(f"\n[n8n-e2e] agent behind the gate: {model_requests} model requests upstream, "
-          f"{len(notes)} note(s) written, task {task['task']['status']}/{task['envelope']['reason']}",
-          file=sys.stderr)
+    print(
+        f"\n[n8n-e2e] agent behind the gate: {model_requests} model requests upstream, "
+        f"{len(notes)} note(s) written, task {task['task']['status']}/{task['envelope']['reason']}",
+        file=sys.stderr,
+    )
 
 
 def test_agent_without_the_gate_runs_to_max_iterations(stack: Stack) -> None:
@@ -353,8 +358,11 @@ def test_agent_without_the_gate_runs_to_max_iterations(stack: Stack) -> None:
     assert model_requests == AGENT_MAX_ITERATIONS
     # The tools are still guarded: the side effect happened at most once.
     assert len(stack.records.notes) - notes_before <= MAX_SAME_CALL
-    print(f"\n[n8n-e2e] agent without the gate: {model_requests} model requests upstream "
-          f"(HTTP {r.status_code}), execution {row['status']}", file=sys.stderr)
+    print(
+        f"\n[n8n-e2e] agent without the gate: {model_requests} model requests upstream "
+        f"(HTTP {r.status_code}), execution {row['status']}",
+        file=sys.stderr,
+    )
 
 
 def test_node_package_lints_builds_and_passes_its_unit_tests() -> None:
@@ -367,4 +375,6 @@ def test_node_package_lints_builds_and_passes_its_unit_tests() -> None:
         proc = subprocess.run(
             ["npm", "run", script], cwd=package, capture_output=True, text=True, timeout=600
         )
-        assert proc.returncode == 0, f"npm run {script}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+        assert proc.returncode == 0, (
+            f"npm run {script}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+        )
