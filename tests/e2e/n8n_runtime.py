@@ -261,6 +261,22 @@ class N8n:
                 return r
             time.sleep(0.25)
 
+    def owner_session(self) -> requests.Session:
+        """A session logged in as the instance owner (set up on first use)."""
+        session = requests.Session()
+        owner = {"email": "owner@example.com", "password": "Loopstop-e2e-1", "firstName": "E2E"}
+        r = session.post(
+            self.base + "/rest/owner/setup", json={**owner, "lastName": "Owner"}, timeout=30
+        )
+        if r.status_code != 200:  # already set up: log in
+            r = session.post(
+                self.base + "/rest/login",
+                json={"emailOrLdapLoginId": owner["email"], "password": owner["password"]},
+                timeout=30,
+            )
+        r.raise_for_status()
+        return session
+
     def workflow_exists(self, workflow_id: str) -> bool:
         with sqlite3.connect(self.database) as db:
             row = db.execute(

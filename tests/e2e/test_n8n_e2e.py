@@ -378,3 +378,25 @@ def test_node_package_lints_builds_and_passes_its_unit_tests() -> None:
         assert proc.returncode == 0, (
             f"npm run {script}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
         )
+
+
+def test_credential_test_fails_a_wrong_token(stack: Stack) -> None:
+    """The Loop Stop API credential's Test button (n8n's own credential test)."""
+    session = stack.n8n.owner_session()
+
+    def test(token: str) -> dict[str, Any]:
+        body = {
+            "credentials": {
+                "id": "lsExLoopStopCred",
+                "name": "Loop Stop",
+                "type": "loopStopApi",
+                "data": {"baseUrl": stack.sidecar.base, "token": token},
+            }
+        }
+        r = session.post(stack.n8n.base + "/rest/credentials/test", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        return dict(r.json()["data"])
+
+    assert test(TOKEN)["status"] == "OK"
+    wrong = test("not-the-token-0123456789")
+    assert wrong["status"] == "Error" and wrong["message"] == "UNAUTHORIZED", wrong
