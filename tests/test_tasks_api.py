@@ -145,6 +145,20 @@ def test_a_committed_write_asked_for_again_and_again_is_a_loop(api: Api) -> None
     ended(a.call("create_note", note, kind="write", operation_id="note:1"), "partial", "same_call")
 
 
+def test_a_test_task_is_found_from_a_sub_workflow_that_says_production(api: Api) -> None:
+    """n8n runs an agent's tool sub-workflow in mode ``integrated``, so its
+    ``$execution.mode`` says ``production`` under a test run: the task id wins,
+    and the tool's write lands in the test namespace with its task."""
+    a = Agent(api, execution_mode="test")  # the rest of the calls say production
+    call = a.call("create_note", {"n": 1}, kind="write", operation_id="note:t")
+    assert call["decision"] == "execute"
+    assert a.result(call, result={}, receipt={"id": "n1"})["decision"] == "recorded"
+    assert api.get("/v1/operations/note:t", execution_mode="test")[0] == 200
+    assert api.get("/v1/operations/note:t")[0] == 404
+    assert api.get(a.base)[0] == 200
+    assert api.post("/v1/tasks/t00000000000000000000/stop", {"reason": "x"})[0] == 404
+
+
 def test_fatal_result(api: Api) -> None:
     a = Agent(api)
     out = a.result(a.call("search", {"q": 1}), "fatal", result={"error": "400"})

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from flask import Blueprint, Response, g, jsonify
 
@@ -38,11 +39,15 @@ from sidecar.core.guard import (
     ToolDecision,
     ToolResult,
 )
+from sidecar.errors import NotFound
 from sidecar.runtime import runtime
 from sidecar.service import keys
+from sidecar.service.keys import ExecutionMode
 from sidecar.service.tasks import CallInput, CreateInput
 
 bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
+
+_T = TypeVar("_T")
 
 _TASK = re.compile(TASK_ID_PATTERN)
 _CALL = re.compile(CALL_ID_PATTERN)
@@ -111,6 +116,25 @@ def create() -> Response:
     return _answer(TaskResponse, task, 201 if created else 200)
 
 
+def _in_task_namespace(mode: ExecutionMode, task_id: str, call: Callable[[str], _T]) -> _T:
+    """Run ``call`` in the namespace the request's ``execution_mode`` names,
+    or, when the task is not there, in the one that holds it.
+
+    Task ids are random, so an id names one task. n8n runs a sub-workflow
+    (a tool of an AI Agent) in mode ``integrated``, which ``$execution.mode``
+    reports as ``production`` even when the parent is a test run: the
+    task's own namespace wins. The second try costs one read, only on a miss.
+    """
+    ns = keys.namespace(mode)
+    try:
+        return call(ns)
+    except NotFound:
+        other = runtime().tasks.namespace_of(_task_id(task_id))
+        if other is None or other == ns:
+            raise
+        return call(other)
+
+
 @route(
     bp,
     "/<task_id>",
@@ -124,7 +148,11 @@ def create() -> Response:
 )
 def get(task_id: str) -> Response:
     q = parse_query(ModeQuery)
-    task = runtime().tasks.get(g.principal, keys.namespace(q.execution_mode), _task_id(task_id))
+    task = _in_task_namespace(
+        q.execution_mode,
+        task_id,
+        lambda ns: runtime().tasks.get(g.principal, ns, _task_id(task_id)),
+    )
     return _answer(TaskResponse, task)
 
 
@@ -140,8 +168,10 @@ def get(task_id: str) -> Response:
 )
 def model_call(task_id: str) -> Response:
     body = parse_body(ModelCallBody)
-    task, out = runtime().tasks.model_call(
-        g.principal, keys.namespace(body.execution_mode), _task_id(task_id), body.tokens_used
+    task, out = _in_task_namespace(
+        body.execution_mode,
+        task_id,
+        lambda ns: runtime().tasks.model_call(g.principal, ns, _task_id(task_id), body.tokens_used),
     )
     decision = "admit" if out.admitted else "deny"
     reason = None if out.reason is None else str(out.reason)
@@ -168,12 +198,11 @@ def model_call(task_id: str) -> Response:
 )
 def tool_call(task_id: str) -> Response:
     body = parse_body(ToolCallBody)
-    ns = keys.namespace(body.execution_mode)
-    task, out = runtime().tasks.tool_call(
-        g.principal,
-        ns,
-        _task_id(task_id),
-        CallInput(body.tool, body.kind, body.args, body.operation_id),
+    call = CallInput(body.tool, body.kind, body.args, body.operation_id)
+    task, out = _in_task_namespace(
+        body.execution_mode,
+        task_id,
+        lambda ns: runtime().tasks.tool_call(g.principal, ns, _task_id(task_id), call),
     )
     reason = None if out.reason is None else str(out.reason)
     message = _message(reason)
@@ -223,8 +252,10 @@ def tool_result(task_id: str, call_id: str) -> Response:
         receipt=body.receipt,
         evidence=None if body.evidence is None else body.evidence.core(),
     )
-    task, out, checked = rt.tasks.tool_result(
-        g.principal, keys.namespace(body.execution_mode), _task_id(task_id), call_id, res
+    task, out, checked = _in_task_namespace(
+        body.execution_mode,
+        task_id,
+        lambda ns: rt.tasks.tool_result(g.principal, ns, _task_id(task_id), call_id, res),
     )
     reason = None if out.reason is None else str(out.reason)
     decision = "ended" if task.envelope is not None else "recorded"
@@ -258,13 +289,13 @@ def tool_result(task_id: str, call_id: str) -> Response:
 )
 def complete(task_id: str) -> Response:
     body = parse_body(CompleteBody)
-    task, decision, checked = runtime().tasks.complete(
-        g.principal,
-        keys.namespace(body.execution_mode),
-        _task_id(task_id),
-        None if body.evidence is None else body.evidence.core(),
-        body.check,
-        body.input,
+    evidence = None if body.evidence is None else body.evidence.core()
+    task, decision, checked = _in_task_namespace(
+        body.execution_mode,
+        task_id,
+        lambda ns: runtime().tasks.complete(
+            g.principal, ns, _task_id(task_id), evidence, body.check, body.input
+        ),
     )
     reason = (task.envelope or {}).get("reason") if decision != "continue" else "check_failed"
     _log("tasks.complete", task, decision, reason)
@@ -296,7 +327,11 @@ def _check_view(checked: CheckResult | None) -> CheckView | None:
 )
 def stop(task_id: str) -> Response:
     body = parse_body(TaskStopBody)
-    task = runtime().tasks.stop(g.principal, keys.namespace(body.execution_mode), _task_id(task_id))
+    task = _in_task_namespace(
+        body.execution_mode,
+        task_id,
+        lambda ns: runtime().tasks.stop(g.principal, ns, _task_id(task_id)),
+    )
     _log("tasks.stop", task, "stopped", body.reason)
     return _answer(TaskResponse, task)
 
@@ -314,12 +349,12 @@ def stop(task_id: str) -> Response:
 def resume(task_id: str) -> Response:
     body = parse_body(TaskResumeBody)
     extend = None if body.extend is None else body.extend.model_dump(exclude_none=True)
-    task = runtime().tasks.resume(
-        g.principal,
-        keys.namespace(body.execution_mode),
-        _task_id(task_id),
-        body.reason,
-        extend or None,
+    task = _in_task_namespace(
+        body.execution_mode,
+        task_id,
+        lambda ns: runtime().tasks.resume(
+            g.principal, ns, _task_id(task_id), body.reason, extend or None
+        ),
     )
     _log("tasks.resume", task, "resumed", body.reason, extended=bool(extend) or None)
     return _answer(TaskResponse, task)

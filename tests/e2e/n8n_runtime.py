@@ -8,10 +8,10 @@ from source against that Node's headers. The cache is reused while the
 lockfile is unchanged: about 5 minutes and 3 GB the first time, nothing
 afterwards.
 
-The loopstop node package (``n8n-nodes/``) is built and placed where n8n
-keeps community packages (``<user folder>/.n8n/nodes/node_modules``), so its
-node type is ``n8n-nodes-loopstop.loopStop``, as after an install from the
-registry, and the example workflows import unchanged.
+The loopstop node package (``n8n-nodes/``) is built, packed and installed
+where n8n keeps community packages (``<user folder>/.n8n/nodes``), as the
+README tells users to, so its node type is ``n8n-nodes-loopstop.loopStop``
+and the example workflows import unchanged.
 
 Run ``python tests/e2e/n8n_runtime.py install`` to fill the cache by hand.
 """
@@ -179,13 +179,28 @@ class N8n:
         }
 
     def install_node_package(self, package: Path) -> None:
-        """Place the built package where n8n loads community packages from."""
-        target = self.home / ".n8n" / "nodes" / "node_modules" / "n8n-nodes-loopstop"
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        shutil.copy(package / "package.json", target / "package.json")
-        shutil.copytree(package / "dist", target / "dist")
+        """Install the built package the way the README tells users to.
+
+        ``npm pack`` in ``n8n-nodes/``, then ``npm install --omit=peer`` of the
+        tarball in ``<user folder>/.n8n/nodes``, where n8n loads community
+        packages from (``n8n-workflow`` is n8n's own copy, never a second one).
+        """
+        npm = shutil.which("npm") or "npm"
+        nodes = self.home / ".n8n" / "nodes"
+        nodes.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [npm, "pack", "--pack-destination", str(nodes)],
+            cwd=package,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        tarball = nodes / proc.stdout.strip().splitlines()[-1]
+        _run(
+            [npm, "install", "--omit=peer", "--no-audit", "--no-fund", str(tarball)],
+            cwd=nodes,
+        )
 
     def cli(self, *args: str, timeout: float = 120) -> str:
         """Run one ``n8n`` CLI command (each boots n8n: 3-5 s); returns stdout."""
