@@ -56,6 +56,7 @@ export function makeContext({
 	answers = [{ statusCode: 200, body: {} }],
 	credentials = CREDENTIALS,
 	workflow = { id: 'wf-1', name: 'W', active: true },
+	rawParams = {},
 } = {}) {
 	const calls = [];
 	const credentialLookups = [];
@@ -79,7 +80,8 @@ export function makeContext({
 			return value;
 		},
 		getNode() {
-			return { ...NODE, position: [...NODE.position], parameters: {} };
+			// The parameters as typed, before expressions resolve (`={{ ... }}`).
+			return { ...NODE, position: [...NODE.position], parameters: structuredClone(rawParams) };
 		},
 		getWorkflow() {
 			return { ...workflow };

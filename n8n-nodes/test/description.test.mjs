@@ -142,11 +142,12 @@ describe('operations', () => {
 		}
 	});
 
-	it('uses the loopStopApi credential and is usable as a tool', () => {
+	it('uses the loopStopApi credential and is not offered as an AI tool', () => {
 		assert.deepEqual(description.credentials, [{ name: 'loopStopApi', required: true }]);
 		assert.equal(description.name, 'loopStop');
 		assert.equal(description.version, 1);
-		assert.equal(description.usableAsTool, true);
+		// A tool returns only its first output: Deny/Drop/Refused would reach the model as nothing.
+		assert.equal(description.usableAsTool, undefined);
 		assert.deepEqual(description.inputs, ['main']);
 	});
 });

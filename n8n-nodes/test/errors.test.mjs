@@ -163,9 +163,8 @@ describe('a network error is an error', () => {
 		assert.ok(error instanceof NodeApiError, error.constructor.name);
 		assert.equal(error.context.itemIndex, 1);
 		assert.equal(ctx.calls.length, 2);
-		// n8n words a known network code itself and keeps the node's message in `messages`.
-		assert.equal(error.message, 'The service refused the connection - perhaps it is offline');
-		assert.ok(error.messages.includes('Loop Stop sidecar unreachable at http://sidecar:8765'));
+		// The sidecar's address in the message, n8n's code and text in the description.
+		assert.equal(error.message, 'Loop Stop sidecar unreachable at http://sidecar:8765');
 		assert.match(error.description, /ECONNREFUSED/);
 	});
 

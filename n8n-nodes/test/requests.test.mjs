@@ -82,7 +82,7 @@ describe('activation.checkTrigger', () => {
 				eventKey: ' sheet:orders:17 ',
 				additionalFields: {
 					subjectKey: 'ana@example.com',
-					relatedKeys: '<m1@x>, <m2@x>\n<m3@x>  <m4@x>',
+					relatedKeys: '<m1@x>, <m2@x>\n<m3@x>\r\n Orders 2024 ',
 					trigger: 'Gmail Trigger',
 					marker: 'ls1.abc',
 					content: '{"status":"paid","amount":5}',
@@ -98,7 +98,7 @@ describe('activation.checkTrigger', () => {
 			execution_mode: 'production',
 			event_key: 'sheet:orders:17',
 			subject_key: 'ana@example.com',
-			related_keys: ['<m1@x>', '<m2@x>', '<m3@x>', '<m4@x>'],
+			related_keys: ['<m1@x>', '<m2@x>', '<m3@x>', 'Orders 2024'],
 			trigger: 'Gmail Trigger',
 			marker: 'ls1.abc',
 			content: { status: 'paid', amount: 5 },
@@ -162,7 +162,7 @@ describe('activation.checkTrigger', () => {
 describe('effect.register', () => {
 	it('POSTs /v1/effects with target keys split and content parsed', async () => {
 		const call = await request('effect.register', {
-			targetKeys: 'sheet:orders:1, sheet:orders:2 sheet:orders:3',
+			targetKeys: 'sheet:orders:1, sheet:orders:2\nsheet:Orders 2024:row:3',
 			content: '{"status":"paid"}',
 			additionalFields: { chainId: 'c0123', ttlS: 3600, strict: true },
 		});
@@ -172,19 +172,20 @@ describe('effect.register', () => {
 			workflow: 'wf-1',
 			execution_mode: 'production',
 			chain_id: 'c0123',
-			target_keys: ['sheet:orders:1', 'sheet:orders:2', 'sheet:orders:3'],
+			target_keys: ['sheet:orders:1', 'sheet:orders:2', 'sheet:Orders 2024:row:3'],
 			content: { status: 'paid' },
 			ttl_s: 3600,
 			strict: true,
 		});
 	});
 
-	it('omits strict=false, a zero TTL and an empty chain, and sends {} for empty content', async () => {
+	it('omits strict=false, a zero TTL and an empty chain; Match on Key Only sends {}', async () => {
 		const call = await request(
 			'effect.register',
 			{
 				targetKeys: ['k1', 'k2'],
-				content: '',
+				content: '{"ignored":true}',
+				keyOnly: true,
 				additionalFields: { chainId: '', ttlS: 0, strict: false },
 			},
 			{ mode: 'manual' },
@@ -196,6 +197,17 @@ describe('effect.register', () => {
 			content: {},
 		});
 	});
+
+	for (const content of ['', '{}', '[1]', '"text"']) {
+		it(`refuses content ${JSON.stringify(content)} without Match on Key Only, calling nothing`, async () => {
+			const { ctx, error } = await runError({
+				params: paramsFor('effect.register', { content, keyOnly: false }),
+			});
+			assert.match(error.message, /record as written/);
+			assert.match(error.description, /Match on Key Only/);
+			assert.equal(ctx.calls.length, 0);
+		});
+	}
 });
 
 describe('operation.begin', () => {
@@ -638,4 +650,54 @@ describe('bodies carry only the fields the sidecar accepts', () => {
 			assert.deepEqual(extra, []);
 		});
 	}
+});
+
+describe('JSON parameters and path segments', () => {
+	it('keeps an expression’s non-JSON string result as a string, parses a JSON one', async () => {
+		const call = await request(
+			'check.run',
+			{ input: 'A-100', additionalFields: {} },
+			{ rawParams: { input: '={{ $json.order_id }}' } },
+		);
+		assert.equal(call.options.body.input, 'A-100');
+		const parsed = await request(
+			'check.run',
+			{ input: '{"order_id":"A-100"}', additionalFields: {} },
+			{ rawParams: { input: '={{ JSON.stringify({ order_id: $json.order_id }) }}' } },
+		);
+		assert.deepEqual(parsed.options.body.input, { order_id: 'A-100' });
+	});
+
+	it('still refuses typed text that is not JSON', async () => {
+		const { ctx, error } = await runError({
+			params: paramsFor('check.run', { input: 'A-100' }),
+			rawParams: { input: 'A-100' },
+		});
+		assert.match(error.message, /"input" is not valid JSON/);
+		assert.equal(ctx.calls.length, 0);
+	});
+
+	for (const id of ['.', '..']) {
+		it(`refuses the id ${JSON.stringify(id)}, which a URL would resolve away`, async () => {
+			const { ctx, error } = await runError({
+				params: paramsFor('operation.get', { operationId: id }),
+			});
+			assert.match(error.message, /"operationId" is empty or not an ID/);
+			assert.equal(ctx.calls.length, 0);
+		});
+	}
+
+	it('sets a request timeout', async () => {
+		const call = await request('operation.get', { operationId: 'x' });
+		assert.equal(call.options.timeout, 30000);
+	});
+});
+
+describe('activation.checkTrigger: Event', () => {
+	it('sends the given event instead of the whole item', async () => {
+		const call = await request('activation.checkTrigger', {
+			additionalFields: { event: '{"headers":{"x-loopstop-chain":"ls1.c.0.s"}}' },
+		});
+		assert.deepEqual(call.options.body.event, { headers: { 'x-loopstop-chain': 'ls1.c.0.s' } });
+	});
 });

@@ -30,6 +30,10 @@ const outputsExpression = `={{((p) => { const names = (${JSON.stringify(
 	OUTPUT_NAMES,
 )})[p.resource + '.' + p.operation]; return names ? names.map((n) => ({ type: 'main', displayName: n })) : ['main']; })($parameter)}}` as `={{${string}}}`;
 
+// Not usable as an AI tool: a tool returns only its first output, so Deny,
+// Drop and Refused would reach the model as nothing, and a model must not be
+// the one that commits, reconciles or records evidence.
+// eslint-disable-next-line @n8n/community-nodes/node-usable-as-tool
 export class LoopStop implements INodeType {
 	description: INodeTypeDescription = {
 		displayName: 'Loop Stop',
@@ -43,7 +47,6 @@ export class LoopStop implements INodeType {
 		defaults: {
 			name: 'Loop Stop',
 		},
-		usableAsTool: true,
 		inputs: [NodeConnectionTypes.Main],
 		outputs: outputsExpression,
 		credentials: [

@@ -10,11 +10,17 @@ export function flowContext(ctx: IExecuteFunctions): FlowContext {
 	};
 }
 
-/** A path segment: encoded so that an id can never change the route. */
+/**
+ * A path segment: encoded so that an id can never change the route.
+ *
+ * @throws NodeOperationError when the value is empty, `.` or `..` (which a URL resolves away).
+ */
 export function segment(ctx: IExecuteFunctions, name: string, itemIndex: number): string {
 	const value = String(ctx.getNodeParameter(name, itemIndex, '') ?? '').trim();
-	if (!value) {
-		throw new NodeOperationError(ctx.getNode(), `The parameter "${name}" is empty`, { itemIndex });
+	if (!value || value === '.' || value === '..') {
+		throw new NodeOperationError(ctx.getNode(), `The parameter "${name}" is empty or not an ID`, {
+			itemIndex,
+		});
 	}
 	return encodeURIComponent(value);
 }
@@ -37,11 +43,23 @@ export function positive(
 	return Number.isFinite(value) && value > 0 ? value : undefined;
 }
 
+/** The parameter as typed (before expressions are resolved), by dotted path. */
+function raw(ctx: IExecuteFunctions, name: string): unknown {
+	let value: unknown = ctx.getNode().parameters;
+	for (const part of name.split('.')) {
+		value =
+			value && typeof value === 'object' ? (value as Record<string, unknown>)[part] : undefined;
+	}
+	return value;
+}
+
 /**
  * A JSON parameter: an object, array or scalar an expression produced, or a
- * string holding JSON. An empty string is `undefined`.
+ * string holding JSON. An empty string is `undefined`. A string an expression
+ * produced that is not JSON (`{{ $json.order_id }}` giving `A-100`) stays a
+ * string.
  *
- * @throws NodeOperationError naming the parameter when the string is not JSON.
+ * @throws NodeOperationError naming the parameter when typed text is not JSON.
  */
 export function json(ctx: IExecuteFunctions, name: string, itemIndex: number): unknown {
 	const value = ctx.getNodeParameter(name, itemIndex, '');
@@ -50,6 +68,8 @@ export function json(ctx: IExecuteFunctions, name: string, itemIndex: number): u
 	try {
 		return JSON.parse(value);
 	} catch {
+		const typed = raw(ctx, name);
+		if (typeof typed === 'string' && typed.startsWith('=')) return value;
 		throw new NodeOperationError(ctx.getNode(), `The parameter "${name}" is not valid JSON`, {
 			itemIndex,
 		});
@@ -57,8 +77,8 @@ export function json(ctx: IExecuteFunctions, name: string, itemIndex: number): u
 }
 
 /**
- * A list of keys: an array from an expression, or a string of keys separated
- * by commas, spaces or new lines (a Gmail `References` header as it comes).
+ * A list of keys: an array from an expression, or a string of keys one per
+ * line (a key may hold spaces, such as a sheet name; commas separate too).
  */
 export function keys(
 	ctx: IExecuteFunctions,
@@ -67,9 +87,9 @@ export function keys(
 ): string[] | undefined {
 	const value = ctx.getNodeParameter(name, itemIndex, '') as unknown;
 	const list = Array.isArray(value)
-		? value.map((v) => String(v).trim())
+		? value.map((v) => String(v ?? '').trim())
 		: String(value ?? '')
-				.split(/[\s,]+/)
+				.split(/[\r\n,]+/)
 				.map((v) => v.trim());
 	const kept = list.filter(Boolean);
 	return kept.length ? kept : undefined;

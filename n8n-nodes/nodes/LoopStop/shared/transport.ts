@@ -2,6 +2,9 @@ import type { IDataObject, IExecuteFunctions, IHttpRequestOptions, JsonObject } 
 import { NodeApiError } from 'n8n-workflow';
 import type { LoopStopRequest } from './types';
 
+/** How long one call may take: the sidecar answers in milliseconds, a check in seconds. */
+export const REQUEST_TIMEOUT_MS = 30_000;
+
 interface FullResponse {
 	statusCode: number;
 	body: unknown;
@@ -33,6 +36,7 @@ export async function loopStopRequest(
 		json: true,
 		returnFullResponse: true,
 		ignoreHttpStatusErrors: true,
+		timeout: REQUEST_TIMEOUT_MS,
 	};
 	if (request.body !== undefined) options.body = request.body;
 	if (request.qs !== undefined) options.qs = request.qs;
@@ -45,10 +49,18 @@ export async function loopStopRequest(
 			options,
 		)) as FullResponse;
 	} catch (error) {
-		throw new NodeApiError(this.getNode(), error as JsonObject, {
-			message: `Loop Stop sidecar unreachable at ${baseUrl}`,
-			itemIndex,
-		});
+		// A plain object, not the caught NodeApiError: re-wrapping that one
+		// would hand it back unchanged, without this message or the item.
+		const cause = error as { message?: string; code?: string };
+		throw new NodeApiError(
+			this.getNode(),
+			{ message: String(cause.message ?? 'request failed') } as JsonObject,
+			{
+				message: `Loop Stop sidecar unreachable at ${baseUrl}`,
+				description: [cause.code, cause.message].filter(Boolean).join(': '),
+				itemIndex,
+			},
+		);
 	}
 	if (response.statusCode >= 200 && response.statusCode < 300 && isObject(response.body)) {
 		return response.body;

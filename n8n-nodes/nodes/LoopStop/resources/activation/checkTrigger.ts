@@ -32,6 +32,14 @@ export const checkTriggerDescription: INodeProperties[] = [
 					'The fields compared with what this workflow wrote (default: the item, or a webhook body)',
 			},
 			{
+				displayName: 'Event',
+				name: 'event',
+				type: 'json',
+				default: '',
+				description:
+					'What the sidecar searches for a chain marker and compares (default: the whole item). Send less for large items such as full emails: the request limit is 256 KiB.',
+			},
+			{
 				displayName: 'Marker',
 				name: 'marker',
 				type: 'string',
@@ -45,7 +53,7 @@ export const checkTriggerDescription: INodeProperties[] = [
 				type: 'string',
 				default: '',
 				description:
-					'Keys of what this event answers, such as In-Reply-To and References, separated by commas or spaces',
+					'Keys of what this event answers, such as In-Reply-To and References: one per line, or an array from an expression',
 			},
 			{
 				displayName: 'Subject Key',
@@ -71,7 +79,8 @@ export const checkTrigger: LoopStopOperation = {
 	outputs: ['Proceed', 'Drop'],
 	errorOutput: 'Drop',
 	request(i, flow) {
-		const event = this.getInputData()[i]?.json ?? {};
+		const given = json(this, 'additionalFields.event', i);
+		const event = given === undefined ? (this.getInputData()[i]?.json ?? {}) : given;
 		return {
 			method: 'POST',
 			path: '/v1/activations',

@@ -1,4 +1,5 @@
 import type { IDataObject, INodeProperties } from 'n8n-workflow';
+import { NodeOperationError } from 'n8n-workflow';
 import { compact, json, keys, positive, text } from '../../shared/parameters';
 import type { LoopStopOperation } from '../../shared/types';
 
@@ -13,16 +14,26 @@ export const registerDescription: INodeProperties[] = [
 		required: true,
 		placeholder: 'e.g. sheet:orders:{{ $json.order_key }}',
 		description:
-			'The event keys the write will come back as (a row key, the sent message ID), separated by commas or spaces',
+			'The event keys the write will come back as (a row key, the sent message ID): one per line, or an array from an expression',
 		displayOptions: { show },
 	},
 	{
 		displayName: 'Content',
 		name: 'content',
 		type: 'json',
-		default: '{}',
+		default: '',
 		required: true,
-		description: 'The fields this workflow wrote, as the trigger will show them',
+		description:
+			'The record as written, every field (not only the changed ones), as the trigger will show it. A field that differs when it comes back means someone else changed it.',
+		displayOptions: { show: { ...show, keyOnly: [false] } },
+	},
+	{
+		displayName: 'Match on Key Only',
+		name: 'keyOnly',
+		type: 'boolean',
+		default: false,
+		description:
+			'Whether anything arriving with these keys is this write coming back, whatever its content (for keys only this write can have, such as a sent message ID)',
 		displayOptions: { show },
 	},
 	{
@@ -62,7 +73,25 @@ export const registerDescription: INodeProperties[] = [
 /** `POST /v1/effects`: register a write so that its return is recognized as an echo. */
 export const register: LoopStopOperation = {
 	request(i, flow) {
-		const content = json(this, 'content', i);
+		const keyOnly = this.getNodeParameter('keyOnly', i, false) === true;
+		const content = keyOnly ? {} : json(this, 'content', i);
+		if (
+			!keyOnly &&
+			(content === null ||
+				typeof content !== 'object' ||
+				Array.isArray(content) ||
+				!Object.keys(content).length)
+		) {
+			throw new NodeOperationError(
+				this.getNode(),
+				'Content must be the record as written (a JSON object with its fields)',
+				{
+					itemIndex: i,
+					description:
+						'An empty content matches anything that comes back with these keys; turn on Match on Key Only if that is what you mean.',
+				},
+			);
+		}
 		return {
 			method: 'POST',
 			path: '/v1/effects',

@@ -9,10 +9,10 @@ export const beginDescription: INodeProperties[] = [
 		displayName: 'Payload',
 		name: 'payload',
 		type: 'json',
-		default: '={{ $json }}',
+		default: '={{ $json.body ?? $json }}',
 		required: true,
 		description:
-			'What the write will send. The same operation ID with another payload is refused as a conflict.',
+			'What the write will send (default: a webhook’s body, else the item). The same operation ID with another payload is refused as a conflict.',
 		displayOptions: { show },
 	},
 	{
