@@ -41,8 +41,9 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path, store_url: str) -> N
     ).start()
     examples = os.environ.get("LOOPSTOP_FUZZ_EXAMPLES", "10")
     st = str(Path(sys.executable).parent / "st")
-    try:
-        out = subprocess.run(
+
+    def fuzz() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [
                 st,
                 "run",
@@ -66,6 +67,11 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path, store_url: str) -> N
             cwd=tmp_path,  # its crash cache stays out of the checkout
             env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"},
         )
+
+    try:
+        out = fuzz()
+        if out.returncode != 0 and _only_generator_flake(out.stdout):
+            out = fuzz()  # schemathesis' own generator tripped (seen under load): once more
     finally:
         served.stop()
     summary = [
@@ -77,3 +83,17 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path, store_url: str) -> N
     failures = out.stdout[out.stdout.find("___") :]
     assert out.returncode == 0, failures[:6000] + out.stderr[-2000:]
     assert summary and "passed" in summary[-1]
+
+
+def _only_generator_flake(stdout: str) -> bool:
+    """True when the run's only failures are schemathesis' own generator
+    reporting hypothesis' "Inconsistent results" while building a test case
+    (no request was judged): not a finding about the server."""
+    failures = stdout[stdout.find("___") :]
+    return (
+        "Inconsistent results" in failures
+        and "iter_coverage_cases" in failures
+        and "Server error" not in failures
+        and "Response violates schema" not in failures
+        and "Undocumented" not in failures
+    )

@@ -368,3 +368,34 @@ def test_odd_workflow_paths_and_ttls_are_refused(api: Api) -> None:
         "/v1/effects", {"workflow": "wf-sheets", "target_key": "k", "content": {}, "ttl_s": 1e-300}
     )
     assert status == 422
+
+
+def test_workflow_rate_breaker_counts_across_windows_and_concurrent_activations(
+    make_app: Any, clock: Clock
+) -> None:
+    """The breaker's counter is bumped by a commit-time increment: concurrent
+    activations of one workflow never conflict on it and none is lost; the
+    estimate slides across fixed windows; it may overshoot by what is in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    limits = {"workflow_rate_limit": 10, "workflow_rate_window_s": 60}
+    app = make_app(chains={"default": {**limits, "rate_limit": 1000}})
+    api = Api(app.test_client())
+    clock.now = 1_790_000_040.0  # the start of a window (windows are multiples of 60 s)
+
+    def one(i: int) -> str:
+        return str(activate(Api(app.test_client()), event_key=f"e{i}")["reason"])
+
+    with ThreadPoolExecutor(8) as pool:
+        reasons = list(pool.map(one, range(30)))
+    proceeded = reasons.count("new_chain")
+    assert 10 <= proceeded <= 10 + 8, reasons
+    assert reasons.count("workflow_rate") == 30 - proceeded
+    assert activate(api, event_key="late")["reason"] == "workflow_rate"
+
+    # At the start of the next window the previous one still counts in full;
+    # half-way through it counts half (at most 18 / 2 < 10): room again.
+    clock.now += 60
+    assert activate(api, event_key="next")["reason"] == "workflow_rate"
+    clock.now += 30
+    assert activate(api, event_key="later")["reason"] == "new_chain"

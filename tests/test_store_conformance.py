@@ -9,7 +9,7 @@ import pytest
 
 from conftest import RedisServer
 from sidecar.errors import ConfigError, SchemaMismatch
-from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write, store_from_url
+from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write, store_from_url
 from sidecar.store.base import SCHEMA_VERSION
 from sidecar.store.redis import RedisStore
 
@@ -88,6 +88,64 @@ def test_counter_is_atomic_across_threads(store: Store) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(incr, range(64)))
     assert store.get("counter") == {"n": 64}
+
+
+def test_increments_never_conflict_and_none_is_lost(store: Store) -> None:
+    """200 increments of one key from 16 threads, each transaction also reading
+    the key unchecked and writing a key of its own: no retry is needed for the
+    shared key, and the count is exact."""
+    put(store, "hits", {"count": 5, "note": "kept"})
+
+    def hit(i: int) -> int:
+        def fn(snap: Snapshot) -> Plan[int]:
+            seen = (snap.get("hits") or {}).get("count", 0)
+            plan = Plan(seen, {f"own:{i}": Write({"i": i})}, unchecked={"hits"})
+            plan.increments["hits"] = Increment("count", 1, 3600)
+            return plan
+
+        return store.transact(["hits", f"own:{i}"], fn)
+
+    with ThreadPoolExecutor(16) as pool:
+        seen = list(pool.map(hit, range(200)))
+    assert store.get("hits") == {"count": 205, "note": "kept"}
+    assert min(seen) >= 5 and max(seen) <= 204
+
+
+def test_increment_creates_the_document_with_its_ttl(store: Store) -> None:
+    def fn(snap: Snapshot) -> Plan[None]:
+        return Plan(None, increments={"fresh": Increment("count", 3, 0.05)})
+
+    store.transact([], fn)
+    assert store.get("fresh") == {"count": 3}
+    import time
+
+    time.sleep(0.15)
+    assert store.get("fresh") is None
+
+
+def test_unchecked_key_is_not_compared_but_cannot_be_written(store: Store) -> None:
+    put(store, "seen", {"v": 1})
+    calls = []
+
+    def fn(snap: Snapshot) -> Plan[None]:
+        calls.append(snap.get("seen"))
+        # Changed between read and commit (Redis; SQLite holds its write lock
+        # from the read, so nothing changes meanwhile there anyway).
+        if len(calls) == 1 and store.backend == "redis":
+            put(store, "seen", {"v": 2})
+        return Plan(None, {"mine": Write({"ok": True})}, unchecked={"seen"})
+
+    store.transact(["seen", "mine"], fn)
+    assert len(calls) == 1 and store.get("mine") == {"ok": True}
+
+    def writes_it(snap: Snapshot) -> Plan[None]:
+        snap.get("seen")
+        return Plan(None, {"seen": Write({"v": 3})}, unchecked={"seen"})
+
+    before = store.get("seen")
+    with pytest.raises(RuntimeError, match="unchecked"):
+        store.transact(["seen"], writes_it)
+    assert store.get("seen") == before
 
 
 def test_race_exactly_one_reservation(store: Store) -> None:

@@ -30,7 +30,7 @@ from sidecar.core.gate import (
 )
 from sidecar.errors import NotFound, ValidationFailed
 from sidecar.service import keys
-from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
+from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write
 
 
 def new_chain_id() -> str:
@@ -189,7 +189,14 @@ class GateService:
         ]
         seen_key = keys.seen(ns, wf, event_hash)
         subject_key = keys.subject_rate(ns, wf, self.fp.key_hash("subject", subject or ""))
-        wf_rate_key = keys.workflow_rate(ns, wf)
+        # The workflow's rate: two fixed-window counters (this window and the
+        # previous one), read without being compared and bumped by an
+        # increment at commit, so concurrent activations of one workflow never
+        # conflict on it. It may overshoot by the activations in flight at once.
+        rate_window = limits.workflow_rate_window_s
+        window_no = int(now // rate_window)
+        wf_rate_key = keys.workflow_rate(ns, wf, window_no)
+        wf_rate_prev = keys.workflow_rate(ns, wf, window_no - 1)
         wf_stop_key = keys.workflow_stop(wf)
         fresh_chain = new_chain_id()
         req = ActivationRequest(
@@ -206,6 +213,7 @@ class GateService:
             seen_key,
             subject_key,
             wf_rate_key,
+            wf_rate_prev,
             keys.chain(ns, fresh_chain),
             *related,
         ]
@@ -232,7 +240,12 @@ class GateService:
             stops = {cid: st for cid in chains if (st := _stop(snap.get(keys.chain_stop(ns, cid))))}
             seen_doc = snap.get(seen_key)
             subj_doc = snap.get(subject_key)
-            rate_doc = snap.get(wf_rate_key)
+            rate_now, rate_before = snap.get(wf_rate_key), snap.get(wf_rate_prev)
+            workflow_rate = RateCounter(
+                window_no * rate_window,
+                int(rate_now["count"]) if rate_now else 0,
+                int(rate_before["count"]) if rate_before else 0,
+            )
             state = ActivationState(
                 workflow_stop=_stop(snap.get(wf_stop_key)),
                 seen=Seen(**seen_doc) if seen_doc else None,
@@ -241,10 +254,10 @@ class GateService:
                 chains=chains,
                 chain_stops=stops,
                 subject_rate=RateLog(tuple(subj_doc["times"])) if subj_doc else None,
-                workflow_rate=RateCounter(**rate_doc) if rate_doc else None,
+                workflow_rate=workflow_rate,
             )
             changes, outcome = core.decide_activation(state, req, limits, now)
-            plan: Plan[ActivationOutcome] = Plan(outcome)
+            plan: Plan[ActivationOutcome] = Plan(outcome, unchecked={wf_rate_key, wf_rate_prev})
             if changes.seen is not None:
                 plan.writes[seen_key] = Write(asdict(changes.seen), limits.dedupe_window_s)
             if changes.chain is not None:
@@ -256,9 +269,7 @@ class GateService:
                     {"times": list(changes.subject_rate.times)}, limits.rate_window_s
                 )
             if changes.workflow_rate is not None:
-                plan.writes[wf_rate_key] = Write(
-                    asdict(changes.workflow_rate), 2 * limits.workflow_rate_window_s
-                )
+                plan.increments[wf_rate_key] = Increment("count", 1, 2 * rate_window)
             return plan
 
         outcome = self.store.transact(declared, decide)

@@ -81,8 +81,9 @@ def subject_rate(ns: str, workflow: str, subject_hash: str) -> str:
     return f"{ns}:rate:subj:{workflow}:{subject_hash}"
 
 
-def workflow_rate(ns: str, workflow: str) -> str:
-    return f"{ns}:rate:wf:{workflow}"
+def workflow_rate(ns: str, workflow: str, window: int) -> str:
+    """The count of a workflow's activations in fixed window number ``window``."""
+    return f"{ns}:rate:wf:{workflow}:{window}"
 
 
 def task(ns: str, task_id: str) -> str:

@@ -9,6 +9,7 @@ from sidecar.errors import ConfigError
 from sidecar.store.base import (
     SCHEMA_VERSION,
     Doc,
+    Increment,
     IndexEntry,
     Plan,
     Snapshot,
@@ -19,6 +20,7 @@ from sidecar.store.base import (
 __all__ = [
     "SCHEMA_VERSION",
     "Doc",
+    "Increment",
     "IndexEntry",
     "Plan",
     "Snapshot",

@@ -59,6 +59,24 @@ class IndexEntry:
     score: float | None
 
 
+@dataclass(frozen=True)
+class Increment:
+    """Add ``delta`` to the number at ``field`` of a document, applied at commit.
+
+    The document is created as ``{field: delta}`` when absent (its other
+    fields are kept when present). Increments of one key commute: the store
+    applies each to the value the key has at commit, so concurrent ones
+    never conflict and none is lost (Redis: inside the compare-and-set
+    script; SQLite: inside the write transaction).
+
+    :ivar ttl_s: seconds until the store may forget the document; None keeps it.
+    """
+
+    field: str
+    delta: int = 1
+    ttl_s: float | None = None
+
+
 @dataclass
 class Plan(Generic[T]):
     """What a transaction function decided: the value to return and the changes.
@@ -71,6 +89,11 @@ class Plan(Generic[T]):
         (keeps "recent" indexes bounded to what is still alive).
     :ivar on_commit: called once after the plan committed (never when it did
         not, nor for a discarded attempt): counters of what actually happened.
+    :ivar increments: key -> :class:`Increment`, applied to the key's value at
+        commit; such a key need not have been read.
+    :ivar unchecked: keys the transaction read but the compare-and-set leaves
+        out: the decision tolerates them having changed meanwhile (counters
+        that only concurrent increments change). They must not be written.
     """
 
     result: T
@@ -78,6 +101,8 @@ class Plan(Generic[T]):
     index: list[IndexEntry] = field(default_factory=list)
     trims: list[tuple[str, float]] = field(default_factory=list)
     on_commit: list[Callable[[], None]] = field(default_factory=list)
+    increments: dict[str, Increment] = field(default_factory=dict)
+    unchecked: set[str] = field(default_factory=set)
 
     def committed(self) -> T:
         """Run the ``on_commit`` callbacks and return the result (stores call this)."""

@@ -48,6 +48,15 @@ _CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
 MAX_TTL_MS = 10 * 365 * 86_400 * 1000
 
 
+def _ttl_ms(ttl_s: float | None) -> str:
+    """A TTL for the script: milliseconds as a decimal string ("0" keeps for ever).
+
+    A string, because Lua would print a large number as 1e+18.
+    """
+    ttl_ms = 0 if ttl_s is None else max(1, math.ceil(ttl_s * 1000))
+    return str(min(ttl_ms, MAX_TTL_MS))
+
+
 class RedisStore(Store):
     """The store on a Redis primary.
 
@@ -89,7 +98,8 @@ class RedisStore(Store):
                 reads = _Reads(self)
                 reads.load(declared)
                 plan = fn(Snapshot(reads.docs, reads.load))
-                if not plan.writes and not plan.index and not plan.trims and reads.round_trips <= 1:
+                quiet = not (plan.writes or plan.index or plan.trims or plan.increments)
+                if quiet and reads.round_trips <= 1:
                     return plan.committed()  # one MGET is a consistent snapshot
                 try:
                     applied = self._compare_and_set(reads.raw, plan)
@@ -131,17 +141,17 @@ class RedisStore(Store):
         return all(v == planned[k] for k, v in zip(planned, now, strict=True))
 
     def _compare_and_set(self, raw: dict[str, str | None], plan: Plan[Any]) -> bool:
-        doc_keys = list(raw)
+        doc_keys = [k for k in raw if k not in plan.unchecked]
         position = {k: i + 1 for i, k in enumerate(doc_keys)}
         serialized = self._serialized(plan)
         writes = []
         for key, write in plan.writes.items():
+            if key in plan.increments:
+                raise RuntimeError(f"transaction wrote {key!r}, which it increments")
             if key not in position:
-                raise RuntimeError(f"transaction wrote {key!r} without reading it")
+                raise RuntimeError(f"transaction wrote {key!r} without reading it (or unchecked)")
             value = serialized[key]
-            ttl_ms = 0 if write.ttl_s is None else max(1, math.ceil(write.ttl_s * 1000))
-            # A decimal string: Lua would print a large number as 1e+18.
-            writes.append([position[key], value, str(min(ttl_ms, MAX_TTL_MS))])
+            writes.append([position[key], value, _ttl_ms(write.ttl_s)])
         index_keys = list(
             dict.fromkeys([*(e.index for e in plan.index), *(name for name, _ in plan.trims)])
         )
@@ -151,13 +161,22 @@ class RedisStore(Store):
             for e in plan.index
         ]
         trims = [[ipos[name], repr(float(below))] for name, below in plan.trims]
+        incr_keys = list(plan.increments)
+        first = len(doc_keys) + len(index_keys) + 1  # KEYS position of the first increment
+        increments = [
+            [first + i, inc.field, inc.delta, _ttl_ms(inc.ttl_s)]
+            for i, inc in enumerate(plan.increments.values())
+        ]
         metrics.STORE_ROUND_TRIPS.inc()
         result = self._cas(
-            keys=[self._k(k) for k in doc_keys] + [self._k(k) for k in index_keys],
+            keys=[self._k(k) for k in [*doc_keys, *index_keys, *incr_keys]],
             args=[
                 len(doc_keys),
                 *[raw[k] or "" for k in doc_keys],
-                json.dumps({"w": writes, "x": index_ops, "t": trims}, separators=(",", ":")),
+                json.dumps(
+                    {"w": writes, "x": index_ops, "t": trims, "i": increments},
+                    separators=(",", ":"),
+                ),
             ],
         )
         return bool(result == 1)

@@ -260,6 +260,8 @@ class SQLiteStore(Store):
         for key, write in plan.writes.items():
             if key not in read:
                 raise RuntimeError(f"transaction wrote {key!r} without reading it")
+            if key in plan.unchecked or key in plan.increments:
+                raise RuntimeError(f"transaction wrote {key!r}, which it left unchecked")
             if write.doc is None:
                 conn.execute("DELETE FROM kv WHERE key = ?", (key,))
             else:
@@ -270,6 +272,20 @@ class SQLiteStore(Store):
                     "expires_at = excluded.expires_at",
                     (key, json.dumps(write.doc, separators=(",", ":")), expires),
                 )
+        for key, inc in plan.increments.items():
+            row = conn.execute(
+                "SELECT doc FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+                (key, now),
+            ).fetchone()
+            doc = json.loads(row[0]) if row else {}
+            doc[inc.field] = doc.get(inc.field, 0) + inc.delta
+            expires = None if inc.ttl_s is None else now + inc.ttl_s
+            conn.execute(
+                "INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc, "
+                "expires_at = excluded.expires_at",
+                (key, json.dumps(doc, separators=(",", ":")), expires),
+            )
         for name, below in plan.trims:
             conn.execute("DELETE FROM idx WHERE name = ? AND score < ?", (name, below))
         for entry in plan.index:

@@ -7,12 +7,16 @@
 -- ARGV[n+2]       the plan, JSON:
 --                   {"w": [[doc_i, value | null, "ttl_ms"], ...],
 --                    "x": [[index_i, member, score | null], ...],
---                    "t": [[index_i, "below"], ...]}
+--                    "t": [[index_i, "below"], ...],
+--                    "i": [[key_pos, field, delta, "ttl_ms"], ...]}
 --                 doc_i counts from 1 among the documents, index_i from 1
 --                 among the indexes; value null deletes; ttl_ms is a decimal
 --                 string of milliseconds, "0" keeps forever; score (a decimal
 --                 string) null removes the member; a trim removes every
 --                 member scored below "below" (ZREMRANGEBYSCORE, exclusive).
+--                 An increment adds delta to the number at field of the JSON
+--                 document at KEYS[key_pos] (after the indexes; never
+--                 compared), creating {field: delta} when the key is absent.
 -- Returns 1 when the plan was applied, 0 when any document changed since it
 -- was read (the caller reads again and retries; nothing was written).
 
@@ -35,6 +39,18 @@ for _, w in ipairs(plan['w']) do
     redis.call('SET', key, value, 'PX', ttl_ms)
   else
     redis.call('SET', key, value)
+  end
+end
+for _, inc in ipairs(plan['i'] or {}) do
+  local key = KEYS[inc[1]]
+  local raw = redis.call('GET', key)
+  local doc = {}
+  if raw then doc = cjson.decode(raw) end
+  doc[inc[2]] = (tonumber(doc[inc[2]]) or 0) + inc[3]
+  if inc[4] ~= '0' then
+    redis.call('SET', key, cjson.encode(doc), 'PX', inc[4])
+  else
+    redis.call('SET', key, cjson.encode(doc))
   end
 end
 for _, t in ipairs(plan['t'] or {}) do
