@@ -173,9 +173,10 @@ def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) ->
             ", ".join(bind_list),
         )
     log.info(
-        "loopstop %s: store %s, %d worker(s), listening on %s",
+        "loopstop %s: store %s, %s, %d worker(s), listening on %s",
         __version__,
         _redacted_store(settings.store),
+        f"{len(settings.tokens)} token(s)" if settings.tokens else "no tokens",
         workers,
         ", ".join(bind_list),
     )
