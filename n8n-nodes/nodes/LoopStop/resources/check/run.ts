@@ -1,5 +1,6 @@
 import type { INodeProperties } from 'n8n-workflow';
 import { compact, json, segment, text } from '../../shared/parameters';
+import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
 const show = { resource: ['check'], operation: ['run'] };
@@ -23,23 +24,15 @@ export const runDescription: INodeProperties[] = [
 		description: 'The input of the check',
 		displayOptions: { show },
 	},
-	{
-		displayName: 'Additional Fields',
-		name: 'additionalFields',
-		type: 'collection',
-		placeholder: 'Add Field',
-		default: {},
-		displayOptions: { show },
-		options: [
-			{
-				displayName: 'Task ID',
-				name: 'taskId',
-				type: 'string',
-				default: '',
-				description: 'The task the check is about, for the decision log',
-			},
-		],
-	},
+	additionalFields(show, [
+		{
+			displayName: 'Task ID',
+			name: 'taskId',
+			type: 'string',
+			default: '',
+			description: 'The task the check is about, for the decision log',
+		},
+	]),
 ];
 
 /** `POST /v1/checks/{name}`: Pass only when the system of record confirms; a failing check never passes. */

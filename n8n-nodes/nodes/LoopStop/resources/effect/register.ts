@@ -1,6 +1,7 @@
 import type { IDataObject, INodeProperties } from 'n8n-workflow';
 import { NodeOperationError } from 'n8n-workflow';
 import { compact, json, keys, positive, text } from '../../shared/parameters';
+import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
 const show = { resource: ['effect'], operation: ['register'] };
@@ -36,38 +37,30 @@ export const registerDescription: INodeProperties[] = [
 			'Whether anything arriving with these keys is this write coming back, whatever its content (for keys only this write can have, such as a sent message ID)',
 		displayOptions: { show },
 	},
-	{
-		displayName: 'Additional Fields',
-		name: 'additionalFields',
-		type: 'collection',
-		placeholder: 'Add Field',
-		default: {},
-		displayOptions: { show },
-		options: [
-			{
-				displayName: 'Chain ID',
-				name: 'chainId',
-				type: 'string',
-				default: '',
-				placeholder: "e.g. {{ $('Check Trigger').item.json.loopstop.chain_id }}",
-				description: 'The chain of the activation that led to this write (default: the workflow)',
-			},
-			{
-				displayName: 'Strict',
-				name: 'strict',
-				type: 'boolean',
-				default: false,
-				description: 'Whether to compare values exactly instead of normalizing numbers and text',
-			},
-			{
-				displayName: 'TTL (Seconds)',
-				name: 'ttlS',
-				type: 'number',
-				default: 0,
-				description: 'How long the effect is remembered (default: as long as its chain)',
-			},
-		],
-	},
+	additionalFields(show, [
+		{
+			displayName: 'Chain ID',
+			name: 'chainId',
+			type: 'string',
+			default: '',
+			placeholder: "e.g. {{ $('Check Trigger').item.json.loopstop.chain_id }}",
+			description: 'The chain of the activation that led to this write (default: the workflow)',
+		},
+		{
+			displayName: 'Strict',
+			name: 'strict',
+			type: 'boolean',
+			default: false,
+			description: 'Whether to compare values exactly instead of normalizing numbers and text',
+		},
+		{
+			displayName: 'TTL (Seconds)',
+			name: 'ttlS',
+			type: 'number',
+			default: 0,
+			description: 'How long the effect is remembered (default: as long as its chain)',
+		},
+	]),
 ];
 
 /** `POST /v1/effects`: register a write so that its return is recognized as an echo. */

@@ -1,5 +1,6 @@
 import type { INodeProperties } from 'n8n-workflow';
 import { compact, json, positive, segment, text } from '../../shared/parameters';
+import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
 const show = { resource: ['operation'], operation: ['begin'] };
@@ -15,53 +16,45 @@ export const beginDescription: INodeProperties[] = [
 			'What the write will send (default: a webhook’s body, else the item). The same operation ID with another payload is refused as a conflict.',
 		displayOptions: { show },
 	},
-	{
-		displayName: 'Additional Fields',
-		name: 'additionalFields',
-		type: 'collection',
-		placeholder: 'Add Field',
-		default: {},
-		displayOptions: { show },
-		options: [
-			{
-				displayName: 'Chain ID',
-				name: 'chainId',
-				type: 'string',
-				default: '',
-				description: 'The chain this write belongs to; a stopped chain refuses it',
-			},
-			{
-				displayName: 'Lease (Seconds)',
-				name: 'leaseS',
-				type: 'number',
-				default: 0,
-				description:
-					'How long the write may take before its outcome counts as unknown (default: the configured lease)',
-			},
-			{
-				displayName: 'Reconcile Check',
-				name: 'reconcileCheck',
-				type: 'string',
-				default: '',
-				description:
-					'A configured check that asks the receiver whether an unknown write happened, run by the next Begin',
-			},
-			{
-				displayName: 'Reconcile Input',
-				name: 'reconcileInput',
-				type: 'json',
-				default: '',
-				description: 'The input of the reconcile check, such as the order ID to look up',
-			},
-			{
-				displayName: 'Task ID',
-				name: 'taskId',
-				type: 'string',
-				default: '',
-				description: 'The task this write belongs to; a stopped task refuses it',
-			},
-		],
-	},
+	additionalFields(show, [
+		{
+			displayName: 'Chain ID',
+			name: 'chainId',
+			type: 'string',
+			default: '',
+			description: 'The chain this write belongs to; a stopped chain refuses it',
+		},
+		{
+			displayName: 'Lease (Seconds)',
+			name: 'leaseS',
+			type: 'number',
+			default: 0,
+			description:
+				'How long the write may take before its outcome counts as unknown (default: the configured lease)',
+		},
+		{
+			displayName: 'Reconcile Check',
+			name: 'reconcileCheck',
+			type: 'string',
+			default: '',
+			description:
+				'A configured check that asks the receiver whether an unknown write happened, run by the next Begin',
+		},
+		{
+			displayName: 'Reconcile Input',
+			name: 'reconcileInput',
+			type: 'json',
+			default: '',
+			description: 'The input of the reconcile check, such as the order ID to look up',
+		},
+		{
+			displayName: 'Task ID',
+			name: 'taskId',
+			type: 'string',
+			default: '',
+			description: 'The task this write belongs to; a stopped task refuses it',
+		},
+	]),
 ];
 
 /**

@@ -1,5 +1,6 @@
 import type { INodeProperties } from 'n8n-workflow';
 import { compact, json, segment, text } from '../../shared/parameters';
+import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
 const show = { resource: ['task'], operation: ['complete'] };
@@ -22,23 +23,15 @@ export const completeDescription: INodeProperties[] = [
 		description: 'The input of the check, such as the ticket ID to look up',
 		displayOptions: { show },
 	},
-	{
-		displayName: 'Additional Fields',
-		name: 'additionalFields',
-		type: 'collection',
-		placeholder: 'Add Field',
-		default: {},
-		displayOptions: { show },
-		options: [
-			{
-				displayName: 'Evidence',
-				name: 'evidence',
-				type: 'json',
-				default: '{}',
-				description: 'Trusted evidence instead of a check: {"done": true, "revision": 12}',
-			},
-		],
-	},
+	additionalFields(show, [
+		{
+			displayName: 'Evidence',
+			name: 'evidence',
+			type: 'json',
+			default: '{}',
+			description: 'Trusted evidence instead of a check: {"done": true, "revision": 12}',
+		},
+	]),
 ];
 
 /**

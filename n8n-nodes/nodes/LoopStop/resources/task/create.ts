@@ -1,5 +1,6 @@
 import type { IDataObject, INodeProperties } from 'n8n-workflow';
 import { compact, json, text } from '../../shared/parameters';
+import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
 const show = { resource: ['task'], operation: ['create'] };
@@ -15,38 +16,30 @@ export const createDescription: INodeProperties[] = [
 			'What the task is about. A re-activated flow with the same key continues the same task and its budgets.',
 		displayOptions: { show },
 	},
-	{
-		displayName: 'Additional Fields',
-		name: 'additionalFields',
-		type: 'collection',
-		placeholder: 'Add Field',
-		default: {},
-		displayOptions: { show },
-		options: [
-			{
-				displayName: 'Chain ID',
-				name: 'chainId',
-				type: 'string',
-				default: '',
-				description: 'The chain of the activation that started the task',
-			},
-			{
-				displayName: 'Limits',
-				name: 'limits',
-				type: 'json',
-				default: '{}',
-				description:
-					'Tighter limits for this task, such as {"max_tool_calls": 10, "max_same_call": 2}',
-			},
-			{
-				displayName: 'Policy',
-				name: 'policy',
-				type: 'string',
-				default: '',
-				description: 'A named policy from the sidecar configuration',
-			},
-		],
-	},
+	additionalFields(show, [
+		{
+			displayName: 'Chain ID',
+			name: 'chainId',
+			type: 'string',
+			default: '',
+			description: 'The chain of the activation that started the task',
+		},
+		{
+			displayName: 'Limits',
+			name: 'limits',
+			type: 'json',
+			default: '{}',
+			description:
+				'Tighter limits for this task, such as {"max_tool_calls": 10, "max_same_call": 2}',
+		},
+		{
+			displayName: 'Policy',
+			name: 'policy',
+			type: 'string',
+			default: '',
+			description: 'A named policy from the sidecar configuration',
+		},
+	]),
 ];
 
 /** `POST /v1/tasks`: create a task, or continue the one with the same task key. */

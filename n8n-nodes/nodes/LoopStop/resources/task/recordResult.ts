@@ -1,5 +1,6 @@
 import type { INodeProperties } from 'n8n-workflow';
 import { compact, json, segment } from '../../shared/parameters';
+import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
 const show = { resource: ['task'], operation: ['recordResult'] };
@@ -38,31 +39,23 @@ export const recordResultDescription: INodeProperties[] = [
 		description: 'What the tool returned (fingerprinted for the no-progress rule, never logged)',
 		displayOptions: { show },
 	},
-	{
-		displayName: 'Additional Fields',
-		name: 'additionalFields',
-		type: 'collection',
-		placeholder: 'Add Field',
-		default: {},
-		displayOptions: { show },
-		options: [
-			{
-				displayName: 'Evidence',
-				name: 'evidence',
-				type: 'json',
-				default: '{}',
-				description:
-					'Trusted evidence from the system of record: {"revision": 12, "done": false, "effect": "committed"}',
-			},
-			{
-				displayName: 'Receipt',
-				name: 'receipt',
-				type: 'json',
-				default: '',
-				description: 'For a write: the receipt a replay returns',
-			},
-		],
-	},
+	additionalFields(show, [
+		{
+			displayName: 'Evidence',
+			name: 'evidence',
+			type: 'json',
+			default: '{}',
+			description:
+				'Trusted evidence from the system of record: {"revision": 12, "done": false, "effect": "committed"}',
+		},
+		{
+			displayName: 'Receipt',
+			name: 'receipt',
+			type: 'json',
+			default: '',
+			description: 'For a write: the receipt a replay returns',
+		},
+	]),
 ];
 
 /** `POST /v1/tasks/{id}/tool-calls/{call_id}/result`: record how a call ended. */
