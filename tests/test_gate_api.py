@@ -399,3 +399,21 @@ def test_workflow_rate_breaker_counts_across_windows_and_concurrent_activations(
     assert activate(api, event_key="next")["reason"] == "workflow_rate"
     clock.now += 30
     assert activate(api, event_key="later")["reason"] == "new_chain"
+
+
+def test_workflow_rate_breaker_counts_what_a_worker_ahead_already_counted(
+    make_app: Any, clock: Clock
+) -> None:
+    """Clock skew between workers at a window boundary: a worker still in
+    window n counts what a worker whose clock is ahead counted in window n+1."""
+    app = make_app(
+        chains={
+            "default": {"workflow_rate_limit": 5, "workflow_rate_window_s": 60, "rate_limit": 100}
+        }
+    )
+    api = Api(app.test_client())
+    clock.now = 1_790_000_040.0 + 61  # just into window n+1 (the worker ahead)
+    reasons = [activate(api, event_key=f"ahead{i}")["reason"] for i in range(6)]
+    assert reasons == ["new_chain"] * 5 + ["workflow_rate"]
+    clock.now -= 3  # the worker behind, still in window n
+    assert activate(api, event_key="behind")["reason"] == "workflow_rate"

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import RedisServer
-from sidecar.errors import ConfigError, SchemaMismatch
+from sidecar.errors import ConfigError, SchemaMismatch, StoreUnavailable
 from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write, store_from_url
 from sidecar.store.base import SCHEMA_VERSION
 from sidecar.store.redis import RedisStore
@@ -113,14 +113,38 @@ def test_increments_never_conflict_and_none_is_lost(store: Store) -> None:
 
 def test_increment_creates_the_document_with_its_ttl(store: Store) -> None:
     def fn(snap: Snapshot) -> Plan[None]:
-        return Plan(None, increments={"fresh": Increment("count", 3, 0.05)})
+        snap.get("mine")
+        plan = Plan(None, {"mine": Write({"ok": True})})
+        plan.increments["fresh"] = Increment("count", 3, 0.05)
+        return plan
 
-    store.transact([], fn)
+    store.transact(["mine"], fn)
     assert store.get("fresh") == {"count": 3}
     import time
 
     time.sleep(0.15)
     assert store.get("fresh") is None
+
+
+def test_increment_alone_or_into_a_non_object_changes_nothing(store: Store) -> None:
+    """A plan that only increments could not be recognized after a timed-out
+    answer (it might apply twice): refused. An increment whose target is not
+    a JSON object fails the commit before anything is written."""
+    with pytest.raises(RuntimeError, match="also write"):
+        store.transact([], lambda snap: Plan(None, increments={"n": Increment("count")}))
+    assert store.get("n") is None
+
+    put(store, "odd", [1, 2])  # type: ignore[arg-type]
+
+    def fn(snap: Snapshot) -> Plan[None]:
+        snap.get("mine")
+        plan = Plan(None, {"mine": Write({"ok": True})})
+        plan.increments["odd"] = Increment("count")
+        return plan
+
+    with pytest.raises((RuntimeError, StoreUnavailable), match="not a JSON object"):
+        store.transact(["mine"], fn)
+    assert store.get("mine") is None and store.get("odd") == [1, 2]
 
 
 def test_unchecked_key_is_not_compared_but_cannot_be_written(store: Store) -> None:

@@ -157,6 +157,49 @@ def test_a_test_task_is_found_from_a_sub_workflow_that_says_production(api: Api)
     assert api.get("/v1/operations/note:t")[0] == 404
     assert api.get(a.base)[0] == 200
     assert api.post("/v1/tasks/t00000000000000000000/stop", {"reason": "x"})[0] == 404
+    done = api.post(a.base + "/complete", {"evidence": {"done": True, "revision": 1}})
+    assert done[0] == 200, done
+
+
+def test_a_test_run_never_reaches_a_production_task(api: Api) -> None:
+    """Only production requests fall back to the test namespace: an editor run
+    (say, debugging a pinned production execution) cannot spend, stop or
+    write through a production task."""
+    a = Agent(api)  # production
+    test = {"execution_mode": "test"}
+    call = {"tool": "t", "kind": "write", "args": {}, "operation_id": "w:1", **test}
+    assert api.post(a.base + "/tool-calls", call)[0] == 404
+    assert api.post(a.base + "/stop", {"reason": "x", **test})[0] == 404
+    assert api.get(a.base, execution_mode="test")[0] == 404
+    assert api.get("/v1/operations/w:1")[0] == 404
+    assert api.get(a.base)[1]["task"]["status"] == "running"
+
+
+def test_a_re_run_execution_starts_a_new_run_of_its_task(api: Api) -> None:
+    """An execution re-run (Retry, a redelivered webhook) creates the task again
+    under its task_key and asks once more for the write it already made: it is
+    replayed each run. Within one run, the third identical call still ends it."""
+    body = {"workflow": "wf-sheets", "task_key": "ticket-9", "limits": {"max_same_call": 2}}
+    status, created = api.post("/v1/tasks", body)
+    assert status == 201
+    base = f"/v1/tasks/{created['task']['task_id']}"
+    call = {"tool": "create_note", "kind": "write", "args": {"n": 1}, "operation_id": "note:9"}
+    first = api.post(base + "/tool-calls", call)[1]
+    assert first["decision"] == "execute"
+    api.post(base + f"/tool-calls/{first['call_id']}/result", {"status": "ok", "receipt": "n1"})
+    for _ in range(4):  # four more runs, one ask each
+        assert api.post("/v1/tasks", body)[0] == 200
+        again = api.post(base + "/tool-calls", call)[1]
+        assert (again["decision"], again["envelope"]) == ("replay", None), again
+    # A loop inside one run is still a loop.
+    assert api.post(base + "/tool-calls", call)[1]["decision"] == "replay"
+    ended(api.post(base + "/tool-calls", call)[1], "partial", "same_call")
+    # Creating an ended task again changes nothing: it stays ended.
+    assert api.post("/v1/tasks", body)[1]["envelope"]["reason"] == "same_call"
+    # A resume is a new run too: the same call replays once more.
+    status, _ = api.post(base + "/resume", {"reason": "looked at it"}, token=ADMIN_TOKEN)
+    assert status == 200
+    assert api.post(base + "/tool-calls", call)[1]["decision"] == "replay"
 
 
 def test_fatal_result(api: Api) -> None:

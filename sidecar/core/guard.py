@@ -237,7 +237,7 @@ class Used:
 @dataclass(frozen=True)
 class Task:
     """The guarded task. ``calls`` is the recent call history, oldest first:
-    ``{call_id, tool, kind, sig, rev, status, at, operation_id?}``."""
+    ``{call_id, tool, kind, sig, rev, status, at, run, operation_id?}``."""
 
     task_id: str
     task_key: str | None
@@ -260,6 +260,10 @@ class Task:
     envelope: dict[str, Any] | None = None
     ended_at: float | None = None
     resumes: tuple[dict[str, Any], ...] = ()
+    #: The current run: 0, then one more each time a re-run execution creates
+    #: the task again under its ``task_key`` or it is resumed. Identical calls
+    #: and cycles are counted within a run, budgets across all of them.
+    run: int = 0
 
     @property
     def status(self) -> TaskStatus:
@@ -311,6 +315,18 @@ def new_task(
         created_at=now,
         updated_at=now,
     )
+
+
+def new_run(task: Task, now: float) -> Task:
+    """The task as a new run of it begins: a re-run execution created it again
+    under its ``task_key``. Budgets go on; identical calls and cycles are
+    counted afresh, so a committed write that each run asks for once is
+    replayed every time instead of ending the task ``same_call``. An ended
+    task is returned unchanged.
+    """
+    if task.envelope is not None:
+        return task
+    return replace(task, run=task.run + 1, updated_at=now)
 
 
 def elapsed_s(task: Task, now: float) -> float:
@@ -449,9 +465,16 @@ def _signature(tool: str, args_fp: str, revision: int | None) -> str:
     return f"{tool}|{args_fp[:PRINT_DIGITS]}|{revision}"
 
 
+def _in_run(task: Task, call: Mapping[str, Any]) -> bool:
+    """True when ``call`` was made in the task's current run."""
+    return bool(call.get("run", 0) == task.run)
+
+
 def _same_calls_in_a_row(task: Task, sig: str) -> int:
     count = 0
     for call in reversed(task.calls):
+        if not _in_run(task, call):
+            break
         if call["kind"] == CallKind.POLL:
             continue
         if call["sig"] != sig:
@@ -468,7 +491,7 @@ def _cycle(task: Task, sig: str, repeats: int) -> bool:
     seq = [
         c["sig"]
         for c in task.calls
-        if c["kind"] != CallKind.POLL and c["rev"] == task.validated_revision
+        if c["kind"] != CallKind.POLL and c["rev"] == task.validated_revision and _in_run(task, c)
     ]
     seq.append(sig)
     for period in range(2, len(seq) // repeats + 1):
@@ -559,6 +582,7 @@ def admit_tool_call(
         "rev": task.validated_revision,
         "status": "replayed" if decision is ToolDecision.REPLAY else "pending",
         "at": now,
+        "run": task.run,
     }
     operations = task.operations
     if call.operation is not None:
@@ -868,6 +892,7 @@ def resume(
         task,
         attempt=task.attempt + 1,
         limits=limits,
+        run=task.run + 1,
         envelope=None,
         ended_at=None,
         used=replace(task.used, idle=0, unchanged_polls=0),

@@ -197,6 +197,9 @@ class GateService:
         window_no = int(now // rate_window)
         wf_rate_key = keys.workflow_rate(ns, wf, window_no)
         wf_rate_prev = keys.workflow_rate(ns, wf, window_no - 1)
+        # A worker whose clock is behind another's still counts what that one
+        # already counted in the next window.
+        wf_rate_next = keys.workflow_rate(ns, wf, window_no + 1)
         wf_stop_key = keys.workflow_stop(wf)
         fresh_chain = new_chain_id()
         req = ActivationRequest(
@@ -214,6 +217,7 @@ class GateService:
             subject_key,
             wf_rate_key,
             wf_rate_prev,
+            wf_rate_next,
             keys.chain(ns, fresh_chain),
             *related,
         ]
@@ -240,12 +244,11 @@ class GateService:
             stops = {cid: st for cid in chains if (st := _stop(snap.get(keys.chain_stop(ns, cid))))}
             seen_doc = snap.get(seen_key)
             subj_doc = snap.get(subject_key)
-            rate_now, rate_before = snap.get(wf_rate_key), snap.get(wf_rate_prev)
-            workflow_rate = RateCounter(
-                window_no * rate_window,
-                int(rate_now["count"]) if rate_now else 0,
-                int(rate_before["count"]) if rate_before else 0,
-            )
+            counts = [
+                int(doc["count"]) if (doc := snap.get(k)) else 0
+                for k in (wf_rate_prev, wf_rate_key, wf_rate_next)
+            ]
+            workflow_rate = RateCounter(window_no * rate_window, counts[1] + counts[2], counts[0])
             state = ActivationState(
                 workflow_stop=_stop(snap.get(wf_stop_key)),
                 seen=Seen(**seen_doc) if seen_doc else None,
@@ -257,7 +260,8 @@ class GateService:
                 workflow_rate=workflow_rate,
             )
             changes, outcome = core.decide_activation(state, req, limits, now)
-            plan: Plan[ActivationOutcome] = Plan(outcome, unchecked={wf_rate_key, wf_rate_prev})
+            rate_keys = {wf_rate_prev, wf_rate_key, wf_rate_next}
+            plan: Plan[ActivationOutcome] = Plan(outcome, unchecked=rate_keys)
             if changes.seen is not None:
                 plan.writes[seen_key] = Write(asdict(changes.seen), limits.dedupe_window_s)
             if changes.chain is not None:

@@ -18,7 +18,7 @@ pattern                         what
 ``<ns>:link:<h(target)>``       the chain the last effect on a target belongs to
 ``<ns>:seen:<wf>:<h(event)>``   last content seen of an event (dedupe window)
 ``<ns>:rate:subj:<wf>:<h(s)>``  proceeded activations of a subject (rate window)
-``<ns>:rate:wf:<wf>``           sliding-window counter of a workflow
+``<ns>:rate:wf:<wf>:<n>``       activations of a workflow in fixed window n
 ``<ns>:task:<task_id>``         a guarded agent task (JSON)
 ``<ns>:taskkey:<wf>:<h(key)>``  the task made under a ``task_key`` (JSON)
 ``<ns>:lineage:<task>:<check>``  pages a task read (cursor check) (JSON)

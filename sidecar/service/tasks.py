@@ -213,7 +213,11 @@ class TaskService:
                 if pointer is not None:
                     existing = Task.from_doc(snap.get(keys.task(ns, pointer["task_id"])))
                     if existing is not None:
-                        return Plan((existing, False))
+                        again = core.new_run(existing, now)
+                        found: Plan[tuple[Task, bool]] = Plan((again, False))
+                        if again != existing:
+                            self._write_task(found, snap, ns, again, now, existing)
+                        return found
             task = core.new_task(
                 task_id,
                 body.task_key,

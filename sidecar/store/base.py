@@ -63,11 +63,14 @@ class IndexEntry:
 class Increment:
     """Add ``delta`` to the number at ``field`` of a document, applied at commit.
 
-    The document is created as ``{field: delta}`` when absent (its other
-    fields are kept when present). Increments of one key commute: the store
-    applies each to the value the key has at commit, so concurrent ones
-    never conflict and none is lost (Redis: inside the compare-and-set
-    script; SQLite: inside the write transaction).
+    The document is created as ``{field: delta}`` when absent. Increments of
+    one key commute: the store applies each to the value the key has at
+    commit, so concurrent ones never conflict and none is lost (Redis:
+    inside the compare-and-set script; SQLite: inside the write
+    transaction). Keep such documents to counters below 10^14: Redis's
+    script re-encodes the whole document with 14 significant digits.
+    A plan with increments must also write a document of its own, so that
+    a commit whose answer timed out can be recognized (see ``transact``).
 
     :ivar ttl_s: seconds until the store may forget the document; None keeps it.
     """

@@ -141,6 +141,9 @@ class RedisStore(Store):
         return all(v == planned[k] for k, v in zip(planned, now, strict=True))
 
     def _compare_and_set(self, raw: dict[str, str | None], plan: Plan[Any]) -> bool:
+        if plan.increments and not plan.writes:
+            # Nothing of its own to look for after a timeout: it could apply twice.
+            raise RuntimeError("a plan with increments must also write a document")
         doc_keys = [k for k in raw if k not in plan.unchecked]
         position = {k: i + 1 for i, k in enumerate(doc_keys)}
         serialized = self._serialized(plan)

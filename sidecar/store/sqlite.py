@@ -272,12 +272,16 @@ class SQLiteStore(Store):
                     "expires_at = excluded.expires_at",
                     (key, json.dumps(write.doc, separators=(",", ":")), expires),
                 )
+        if plan.increments and not plan.writes:
+            raise RuntimeError("a plan with increments must also write a document")
         for key, inc in plan.increments.items():
             row = conn.execute(
                 "SELECT doc FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
                 (key, now),
             ).fetchone()
             doc = json.loads(row[0]) if row else {}
+            if not isinstance(doc, dict):
+                raise RuntimeError(f"increment target {key!r} is not a JSON object")
             doc[inc.field] = doc.get(inc.field, 0) + inc.delta
             expires = None if inc.ttl_s is None else now + inc.ttl_s
             conn.execute(

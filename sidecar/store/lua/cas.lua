@@ -29,6 +29,19 @@ for i = 1, n do
 end
 
 local plan = cjson.decode(ARGV[n + 2])
+-- Increments are computed before anything is written: a target that is not
+-- a JSON object fails the script with nothing applied.
+local counted = {}
+for _, inc in ipairs(plan['i'] or {}) do
+  local raw = redis.call('GET', KEYS[inc[1]])
+  local doc = {}
+  if raw then doc = cjson.decode(raw) end
+  if (raw and string.sub(raw, 1, 1) ~= '{') or type(doc) ~= 'table' then
+    return redis.error_reply('increment target is not a JSON object: ' .. KEYS[inc[1]])
+  end
+  doc[inc[2]] = (tonumber(doc[inc[2]]) or 0) + inc[3]
+  counted[#counted + 1] = {KEYS[inc[1]], cjson.encode(doc), inc[4]}
+end
 for _, w in ipairs(plan['w']) do
   local key = KEYS[w[1]]
   local value = w[2]
@@ -41,16 +54,11 @@ for _, w in ipairs(plan['w']) do
     redis.call('SET', key, value)
   end
 end
-for _, inc in ipairs(plan['i'] or {}) do
-  local key = KEYS[inc[1]]
-  local raw = redis.call('GET', key)
-  local doc = {}
-  if raw then doc = cjson.decode(raw) end
-  doc[inc[2]] = (tonumber(doc[inc[2]]) or 0) + inc[3]
-  if inc[4] ~= '0' then
-    redis.call('SET', key, cjson.encode(doc), 'PX', inc[4])
+for _, c in ipairs(counted) do
+  if c[3] ~= '0' then
+    redis.call('SET', c[1], c[2], 'PX', c[3])
   else
-    redis.call('SET', key, cjson.encode(doc))
+    redis.call('SET', c[1], c[2])
   end
 end
 for _, t in ipairs(plan['t'] or {}) do
