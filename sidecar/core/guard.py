@@ -24,7 +24,7 @@ Times are epoch seconds; every function takes ``now``; no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -270,7 +270,9 @@ class Task:
         return TaskStatus(self.envelope["status"]) if self.envelope else TaskStatus.RUNNING
 
     def to_doc(self) -> dict[str, Any]:
-        doc = asdict(self)
+        """The stored document. Shallow: the history's entries are shared, not
+        copied (a deep ``asdict`` of 200 entries cost most of a tool call)."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["limits"] = self.limits.to_doc()
         doc["used"] = {**asdict(self.used), "per_tool": dict(self.used.per_tool)}
         for name in ("calls", "results_seen", "operations", "resumes"):
