@@ -12,7 +12,7 @@ from flask import Flask
 from system_of_record import SystemOfRecord, serve
 from test_tasks_api import Agent
 
-from conftest import ADMIN_TOKEN, Api, AppFactory
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, AppFactory
 
 SECRET_HEADER = "Bearer orders-secret-0123456789"
 
@@ -99,6 +99,29 @@ def test_order_confirmed_completes_the_task(api: Api, sor: SystemOfRecord) -> No
     assert out["envelope"]["validated_revision"] == 3
     assert sor.seen_auth[-1] == SECRET_HEADER
     assert "orders-secret" not in str(out)
+
+
+def test_a_completion_check_asks_outside_once_and_only_for_the_callers_task(
+    make_app: AppFactory, sor: SystemOfRecord
+) -> None:
+    """Without exit-check policies too, the task is read before a check asks
+    the system of record: a test task completed by a production request (an
+    agent's sub-workflow) is asked about once; another workflow's task, a
+    scoped token and a missing task are refused before anything is asked."""
+    api = Api(make_app(checks=checks_config(sor.base)).test_client())
+    comment = {"check": "comment_exists", "input": {"comment_id": "c-1"}}
+
+    a = Agent(api, execution_mode="test")
+    asked = len(sor.seen_auth)
+    assert a.post("/complete", comment)["decision"] == "completed"
+    assert len(sor.seen_auth) == asked + 1
+
+    other = Agent(api, workflow="wf-other")
+    asked = len(sor.seen_auth)
+    status, _ = api.post(other.base + "/complete", comment, token=SCOPED_TOKEN)
+    assert status == 403
+    assert api.post("/v1/tasks/t00000000000000000000/complete", comment)[0] == 404
+    assert len(sor.seen_auth) == asked
 
 
 def test_claimed_comment_that_is_404_is_not_completion(api: Api) -> None:

@@ -293,11 +293,12 @@ def tool_result(task_id: str, call_id: str) -> Response:
 def complete(task_id: str) -> Response:
     body = parse_body(CompleteBody)
     evidence = None if body.evidence is None else body.evidence.core()
-    ns = keys.namespace(body.execution_mode)
-    if ns == "p" and runtime().tasks.namespace_of(_task_id(task_id)) == "t":
-        ns = "t"  # as _in_task_namespace, decided up front: a check runs once
-    task, decision, checked = runtime().tasks.complete(
-        g.principal, ns, _task_id(task_id), evidence, body.check, body.input
+    task, decision, checked = _in_task_namespace(
+        body.execution_mode,
+        task_id,
+        lambda ns: runtime().tasks.complete(
+            g.principal, ns, _task_id(task_id), evidence, body.check, body.input
+        ),
     )
     reason = (task.envelope or {}).get("reason") if decision != "continue" else "check_failed"
     _log("tasks.complete", task, decision, reason)

@@ -412,8 +412,10 @@ class TaskService:
         """
         key = keys.task(ns, task_id)
         exit_check = None
-        if any(p.exit_check for p in self.settings.policies.values()):
-            # Which exit check applies depends on the task's policy: read it first.
+        if check is not None or any(p.exit_check for p in self.settings.policies.values()):
+            # A check may apply: read the task first, so that the exit check of
+            # its policy is known and nothing is asked outside for a task that
+            # is not there or not the caller's (NotFound / Forbidden first).
             task = self._scoped(principal, self.store.get(key), task_id)
             policy = self.settings.policies.get(task.policy or "")
             exit_check = policy.exit_check if policy is not None else None
