@@ -77,6 +77,19 @@ export function json(ctx: IExecuteFunctions, name: string, itemIndex: number): u
 }
 
 /**
+ * An optional JSON object parameter (limits, evidence): `undefined` when it
+ * is empty or `{}`, so that the request leaves the field out.
+ */
+export function options(
+	ctx: IExecuteFunctions,
+	name: string,
+	itemIndex: number,
+): IDataObject | undefined {
+	const value = json(ctx, name, itemIndex) as IDataObject | undefined;
+	return value && typeof value === 'object' && Object.keys(value).length ? value : undefined;
+}
+
+/**
  * A list of keys: an array from an expression, or a string of keys one per
  * line (a key may hold spaces, such as a sheet name; commas separate too).
  */

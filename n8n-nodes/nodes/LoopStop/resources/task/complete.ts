@@ -1,5 +1,5 @@
 import type { INodeProperties } from 'n8n-workflow';
-import { compact, json, segment, text } from '../../shared/parameters';
+import { compact, json, options, segment, text } from '../../shared/parameters';
 import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
@@ -42,7 +42,6 @@ export const complete: LoopStopOperation = {
 	outputs: ['Done', 'Continue', 'Ended'],
 	errorOutput: 'Continue',
 	request(i, flow) {
-		const evidence = json(this, 'additionalFields.evidence', i) as object | undefined;
 		return {
 			method: 'POST',
 			path: `/v1/tasks/${segment(this, 'taskId', i)}/complete`,
@@ -50,7 +49,7 @@ export const complete: LoopStopOperation = {
 				execution_mode: flow.executionMode,
 				check: text(this, 'check', i),
 				input: json(this, 'input', i) as never,
-				evidence: evidence && Object.keys(evidence).length ? (evidence as never) : undefined,
+				evidence: options(this, 'additionalFields.evidence', i),
 			}),
 		};
 	},

@@ -1,5 +1,5 @@
-import type { IDataObject, INodeProperties } from 'n8n-workflow';
-import { compact, json, text } from '../../shared/parameters';
+import type { INodeProperties } from 'n8n-workflow';
+import { compact, options, text } from '../../shared/parameters';
 import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
@@ -45,7 +45,6 @@ export const createDescription: INodeProperties[] = [
 /** `POST /v1/tasks`: create a task, or continue the one with the same task key. */
 export const create: LoopStopOperation = {
 	request(i, flow) {
-		const limits = json(this, 'additionalFields.limits', i) as IDataObject | undefined;
 		return {
 			method: 'POST',
 			path: '/v1/tasks',
@@ -55,7 +54,7 @@ export const create: LoopStopOperation = {
 				task_key: text(this, 'taskKey', i),
 				chain_id: text(this, 'additionalFields.chainId', i),
 				policy: text(this, 'additionalFields.policy', i),
-				limits: limits && Object.keys(limits).length ? limits : undefined,
+				limits: options(this, 'additionalFields.limits', i),
 			}),
 		};
 	},

@@ -1,5 +1,5 @@
 import type { INodeProperties } from 'n8n-workflow';
-import { compact, json, segment } from '../../shared/parameters';
+import { compact, json, options, segment } from '../../shared/parameters';
 import { additionalFields } from '../../shared/descriptions';
 import type { LoopStopOperation } from '../../shared/types';
 
@@ -61,7 +61,6 @@ export const recordResultDescription: INodeProperties[] = [
 /** `POST /v1/tasks/{id}/tool-calls/{call_id}/result`: record how a call ended. */
 export const recordResult: LoopStopOperation = {
 	request(i, flow) {
-		const evidence = json(this, 'additionalFields.evidence', i) as object | undefined;
 		return {
 			method: 'POST',
 			path: `/v1/tasks/${segment(this, 'taskId', i)}/tool-calls/${segment(this, 'callId', i)}/result`,
@@ -70,7 +69,7 @@ export const recordResult: LoopStopOperation = {
 				status: String(this.getNodeParameter('status', i)),
 				result: json(this, 'result', i) as never,
 				receipt: json(this, 'additionalFields.receipt', i) as never,
-				evidence: evidence && Object.keys(evidence).length ? (evidence as never) : undefined,
+				evidence: options(this, 'additionalFields.evidence', i),
 			}),
 		};
 	},
