@@ -1,8 +1,23 @@
-"""A bare Flask app answering a JSON body the size of a sidecar decision: the
-baseline bench/run.py compares the sidecar with (same gunicorn settings)."""
+"""Baselines bench/run.py compares the sidecar with, under the same gunicorn
+settings:
+
+- ``create_app()``: a bare Flask route answering a JSON body the size of a
+  sidecar decision.
+- ``create_redis_app()``: the same route plus the two Redis commands a
+  sidecar decision makes (``MGET`` of the record, then the compare-and-set
+  script ``cas.lua`` writing it), through the same client library, and
+  nothing else: the ceiling any read-then-conditional-write design reaches
+  on the machine. ``BARE_REDIS_URL`` names the Redis.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import uuid
+from importlib import resources
+
+import redis
 from flask import Flask, Response, jsonify, request
 
 BODY = {
@@ -15,17 +30,41 @@ BODY = {
                   "lease_expires_at": "2026-11-30T00:01:00.000Z", "last_failure": None,
                   "reconciliation": None},
 }
+ROUTES = (
+    "/v1/operations/<op>/<verb>",
+    "/v1/activations",
+    "/v1/tasks/<task>/tool-calls",
+    "/v1/tasks/<task>/tool-calls/<call>/result",
+)
 
 
 def create_app() -> Flask:
     app = Flask("bare")
 
-    @app.post("/v1/operations/<op>/<verb>")
-    @app.post("/v1/activations")
-    @app.post("/v1/tasks/<task>/tool-calls")
-    @app.post("/v1/tasks/<task>/tool-calls/<call>/result")
     def answer(**_: str) -> Response:
         request.get_json(silent=True)  # parse the body as the sidecar does
         return jsonify(BODY)
 
+    for path in ROUTES:
+        app.add_url_rule(path, "answer", answer, methods=["POST"])
+    return app
+
+
+def create_redis_app() -> Flask:
+    client = redis.Redis.from_url(os.environ["BARE_REDIS_URL"], decode_responses=True)
+    cas = client.register_script(
+        resources.files("sidecar.store").joinpath("lua/cas.lua").read_text())
+    app = Flask("bare-redis")
+
+    def answer(**_: str) -> Response:
+        request.get_json(silent=True)
+        key = "bare:" + uuid.uuid4().hex
+        (raw,) = client.mget([key])
+        doc = json.dumps(BODY["operation"], separators=(",", ":"))
+        plan = json.dumps({"w": [[1, doc, "3600000"]], "x": [], "t": [], "i": []})
+        cas(keys=[key], args=[1, raw or "", plan])
+        return jsonify(BODY)
+
+    for path in ROUTES:
+        app.add_url_rule(path, "answer", answer, methods=["POST"])
     return app

@@ -1,6 +1,8 @@
 -- Admission of a tool call, then its result, on several tasks per wrk thread
 -- (BENCH_TASKS: comma-separated task ids, split evenly over the threads), as
--- several agents would: calls of one task come one after another.
+-- several agents would: a task has at most one request in flight, so its
+-- calls and results come one after another. Give each thread more tasks
+-- than connections.
 local counter = 0
 local token = os.getenv("BENCH_TOKEN") or ""
 local all = {}
@@ -8,6 +10,7 @@ for t in string.gmatch(os.getenv("BENCH_TASKS") or "", "[^,]+") do table.insert(
 local threads = tonumber(os.getenv("BENCH_THREADS") or "2")
 local next_thread = 0
 local pending = {}   -- "task call" pairs admitted and not yet reported
+local busy = {}      -- task id -> true while a request of its is in flight
 
 function setup(thread)
   local mine = {}
@@ -28,16 +31,29 @@ function request()
   if #pending > 0 then
     local item = table.remove(pending, 1)
     local task, call = string.match(item, "(%S+) (%S+)")
+    busy[task] = true
     return wrk.format("POST", "/v1/tasks/" .. task .. "/tool-calls/" .. call .. "/result",
                       headers, '{"status": "ok", "result": {"n": ' .. counter .. '}}')
   end
-  local task = tasks[(counter % #tasks) + 1]
+  local task = nil
+  for i = 0, #tasks - 1 do
+    local candidate = tasks[((counter + i) % #tasks) + 1]
+    if not busy[candidate] then task = candidate break end
+  end
+  task = task or tasks[(counter % #tasks) + 1]   -- only when tasks <= connections
+  busy[task] = true
   return wrk.format("POST", "/v1/tasks/" .. task .. "/tool-calls", headers,
     '{"tool": "search", "kind": "read", "args": {"q": ' .. counter .. ', "t": "' .. task .. '"}}')
 end
 
 function response(status, headers, body)
-  local call = string.match(body, '"call_id":"(k%x+)"')
   local task = string.match(body, '"task_id":"(t%x+)"')
-  if call and task then table.insert(pending, task .. " " .. call) end
+  local call = string.match(body, '"call_id":"(k%x+)"')
+  if task then
+    if call and string.find(body, '"decision":"execute"', 1, true) then
+      table.insert(pending, task .. " " .. call)   -- stays busy until its result is sent
+    else
+      busy[task] = nil
+    end
+  end
 end

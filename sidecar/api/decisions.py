@@ -21,9 +21,19 @@ log = logging.getLogger("loopstop.decisions")
 
 
 def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
-    """Emit the decision line for the current request."""
-    principal = getattr(g, "principal", None)
+    """Count the decision and emit its log line (skipped, not built, below INFO)."""
     started = getattr(g, "started", None)
+    elapsed = None if started is None else time.perf_counter() - started
+    if elapsed is not None:
+        metrics.LATENCY.labels(route).observe(elapsed)
+    metrics.DECISIONS.labels(
+        route,
+        metrics.label("" if decision is None else str(decision)),
+        metrics.label("" if reason is None else str(reason)),
+    ).inc()
+    if not log.isEnabledFor(logging.INFO):
+        return
+    principal = getattr(g, "principal", None)
     line = {
         "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "event": "decision",
@@ -35,11 +45,6 @@ def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
         "method": request.method,
         **{k: v for k, v in fields.items() if v is not None},
     }
-    if started is not None:
-        elapsed = time.perf_counter() - started
+    if elapsed is not None:
         line["latency_ms"] = round(elapsed * 1000, 3)
-        metrics.LATENCY.labels(route).observe(elapsed)
-    metrics.DECISIONS.labels(
-        route, metrics.label(line["decision"] or ""), metrics.label(line["reason"] or "")
-    ).inc()
     log.info(json.dumps(line, separators=(",", ":"), default=str))

@@ -148,13 +148,19 @@ class RedisStore(Store):
         position = {k: i + 1 for i, k in enumerate(doc_keys)}
         serialized = self._serialized(plan)
         writes = []
+        values: list[str] = []  # ARGV after the plan: the new documents
+        first_value = len(doc_keys) + 3  # ARGV position of the first of them
         for key, write in plan.writes.items():
             if key in plan.increments:
                 raise RuntimeError(f"transaction wrote {key!r}, which it increments")
             if key not in position:
                 raise RuntimeError(f"transaction wrote {key!r} without reading it (or unchecked)")
             value = serialized[key]
-            writes.append([position[key], value, _ttl_ms(write.ttl_s)])
+            if value is None:
+                writes.append([position[key], None, _ttl_ms(write.ttl_s)])
+            else:
+                writes.append([position[key], first_value + len(values), _ttl_ms(write.ttl_s)])
+                values.append(value)
         index_keys = list(
             dict.fromkeys([*(e.index for e in plan.index), *(name for name, _ in plan.trims)])
         )
@@ -180,6 +186,7 @@ class RedisStore(Store):
                     {"w": writes, "x": index_ops, "t": trims, "i": increments},
                     separators=(",", ":"),
                 ),
+                *values,
             ],
         )
         return bool(result == 1)

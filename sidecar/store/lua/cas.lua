@@ -5,18 +5,21 @@
 -- ARGV[1]         n, the number of document keys
 -- ARGV[2..n+1]    the raw value each document had when read; "" = absent
 -- ARGV[n+2]       the plan, JSON:
---                   {"w": [[doc_i, value | null, "ttl_ms"], ...],
+--                   {"w": [[doc_i, value_i | null, "ttl_ms"], ...],
 --                    "x": [[index_i, member, score | null], ...],
 --                    "t": [[index_i, "below"], ...],
 --                    "i": [[key_pos, field, delta, "ttl_ms"], ...]}
 --                 doc_i counts from 1 among the documents, index_i from 1
---                 among the indexes; value null deletes; ttl_ms is a decimal
+--                 among the indexes; value_i is the ARGV position of the new
+--                 document (after the plan), null deletes; ttl_ms is a decimal
 --                 string of milliseconds, "0" keeps forever; score (a decimal
 --                 string) null removes the member; a trim removes every
 --                 member scored below "below" (ZREMRANGEBYSCORE, exclusive).
 --                 An increment adds delta to the number at field of the JSON
 --                 document at KEYS[key_pos] (after the indexes; never
 --                 compared), creating {field: delta} when the key is absent.
+-- ARGV[n+3..]     the new documents, each a JSON string: kept apart from the
+--                 plan so the script never decodes them.
 -- Returns 1 when the plan was applied, 0 when any document changed since it
 -- was read (the caller reads again and retries; nothing was written).
 
@@ -44,14 +47,13 @@ for _, inc in ipairs(plan['i'] or {}) do
 end
 for _, w in ipairs(plan['w']) do
   local key = KEYS[w[1]]
-  local value = w[2]
   local ttl_ms = w[3]
-  if value == cjson.null then
+  if w[2] == cjson.null then
     redis.call('DEL', key)
   elseif ttl_ms ~= '0' then
-    redis.call('SET', key, value, 'PX', ttl_ms)
+    redis.call('SET', key, ARGV[w[2]], 'PX', ttl_ms)
   else
-    redis.call('SET', key, value)
+    redis.call('SET', key, ARGV[w[2]])
   end
 end
 for _, c in ipairs(counted) do
