@@ -21,14 +21,24 @@ import redis
 from flask import Flask, Response, jsonify, request
 
 BODY = {
-    "decision": "execute", "reason": "new",
-    "operation": {"operation_id": "bench-000000", "state": "in_progress", "attempt": 1,
-                  "receipt": None, "result": None, "workflow": "bench", "task_id": None,
-                  "chain_id": None, "execution_mode": "production",
-                  "created_at": "2026-11-30T00:00:00.000Z",
-                  "updated_at": "2026-11-30T00:00:00.000Z",
-                  "lease_expires_at": "2026-11-30T00:01:00.000Z", "last_failure": None,
-                  "reconciliation": None},
+    "decision": "execute",
+    "reason": "new",
+    "operation": {
+        "operation_id": "bench-000000",
+        "state": "in_progress",
+        "attempt": 1,
+        "receipt": None,
+        "result": None,
+        "workflow": "bench",
+        "task_id": None,
+        "chain_id": None,
+        "execution_mode": "production",
+        "created_at": "2026-11-30T00:00:00.000Z",
+        "updated_at": "2026-11-30T00:00:00.000Z",
+        "lease_expires_at": "2026-11-30T00:01:00.000Z",
+        "last_failure": None,
+        "reconciliation": None,
+    },
 }
 ROUTES = (
     "/v1/operations/<op>/<verb>",
@@ -53,7 +63,8 @@ def create_app() -> Flask:
 def create_redis_app() -> Flask:
     client = redis.Redis.from_url(os.environ["BARE_REDIS_URL"], decode_responses=True)
     cas = client.register_script(
-        resources.files("sidecar.store").joinpath("lua/cas.lua").read_text())
+        resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
+    )
     app = Flask("bare-redis")
 
     def answer(**_: str) -> Response:
@@ -61,8 +72,8 @@ def create_redis_app() -> Flask:
         key = "bare:" + uuid.uuid4().hex
         (raw,) = client.mget([key])
         doc = json.dumps(BODY["operation"], separators=(",", ":"))
-        plan = json.dumps({"w": [[1, doc, "3600000"]], "x": [], "t": [], "i": []})
-        cas(keys=[key], args=[1, raw or "", plan])
+        plan = json.dumps({"w": [[1, 4, "3600000"]], "x": [], "t": [], "i": []})
+        cas(keys=[key], args=[1, raw or "", plan, doc])
         return jsonify(BODY)
 
     for path in ROUTES:

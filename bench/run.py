@@ -80,12 +80,29 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
 def start_sidecar(store: str, workdir: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     (workdir / "loopstop.yaml").write_text(CONFIG)
-    env = {"PATH": os.environ["PATH"], "LOOPSTOP_CONFIG": str(workdir / "loopstop.yaml"),
-           "LOOPSTOP_STORE": store, "LOOPSTOP_SECRET": SECRET, "BENCH_TOKEN": TOKEN}
+    env = {
+        "PATH": os.environ["PATH"],
+        "LOOPSTOP_CONFIG": str(workdir / "loopstop.yaml"),
+        "LOOPSTOP_STORE": store,
+        "LOOPSTOP_SECRET": SECRET,
+        "BENCH_TOKEN": TOKEN,
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers)],
-        cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "serve",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     wait_ready(base + "/readyz", proc)
     return proc, base
@@ -96,10 +113,24 @@ def start_bare(workers: int, redis_url: str | None = None) -> tuple[subprocess.P
     port = free_port()
     factory = "bare:create_app()" if redis_url is None else "bare:create_redis_app()"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "--chdir", str(BENCH), "-w", str(workers),
-         "-b", f"127.0.0.1:{port}", "--log-level", "warning", factory],
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--chdir",
+            str(BENCH),
+            "-w",
+            str(workers),
+            "-b",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+            factory,
+        ],
         env={**os.environ, "BARE_REDIS_URL": redis_url or ""},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -118,14 +149,29 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def wrk(base: str, scenario: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
-    script.write_text((BENCH / SCENARIOS[scenario]).read_text() + "\n"
-                      + (BENCH / "report.lua").read_text())
+    script.write_text(
+        (BENCH / SCENARIOS[scenario]).read_text() + "\n" + (BENCH / "report.lua").read_text()
+    )
     try:
         out = subprocess.run(
-            ["wrk", "-t", str(args.threads), "-c", str(args.connections), "-d",
-             f"{args.duration}s", "-s", str(script), base],
-            capture_output=True, text=True, env={**os.environ, **env}, check=True,
-            timeout=args.duration + 60)
+            [
+                "wrk",
+                "-t",
+                str(args.threads),
+                "-c",
+                str(args.connections),
+                "-d",
+                f"{args.duration}s",
+                "-s",
+                str(script),
+                base,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            check=True,
+            timeout=args.duration + 60,
+        )
     finally:
         script.unlink()
     line = next(x for x in out.stdout.splitlines() if x.startswith("BENCH "))
@@ -137,26 +183,49 @@ def wrk(base: str, scenario: str, args: argparse.Namespace, env: dict[str, str])
 def make_tasks(base: str, n: int) -> str:
     ids = []
     for _ in range(n):
-        r = requests.post(base + "/v1/tasks", headers={"Authorization": f"Bearer {TOKEN}"},
-                          json={"workflow": "bench", "limits": {
-                              "max_tool_calls": 1_000_000, "max_same_call": 1_000_000,
-                              "max_idle": 1_000_000, "deadline_s": 31_000_000}}, timeout=10)
+        r = requests.post(
+            base + "/v1/tasks",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json={
+                "workflow": "bench",
+                "limits": {
+                    "max_tool_calls": 1_000_000,
+                    "max_same_call": 1_000_000,
+                    "max_idle": 1_000_000,
+                    "deadline_s": 31_000_000,
+                },
+            },
+            timeout=10,
+        )
         r.raise_for_status()
         ids.append(r.json()["task"]["task_id"])
     return ",".join(ids)
 
 
-def round_trips(base: str) -> float:
+def store_counts(base: str) -> tuple[float, float, float]:
+    """The sidecar's decisions, Redis round trips and compare-and-set conflicts
+    so far, from its own /metrics (so requests still in flight when wrk stops
+    count on both sides of a ratio)."""
     text = requests.get(base + "/metrics", timeout=10).text
-    found = re.search(r"^loopstop_store_round_trips_total (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    decisions = sum(
+        float(v)
+        for v in re.findall(r"^loopstop_decisions_total\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    )
+    counts = []
+    for name in ("round_trips", "conflicts"):
+        found = re.search(rf"^loopstop_store_{name}_total (\S+)$", text, re.MULTILINE)
+        counts.append(float(found.group(1)) if found else 0.0)
+    return decisions, counts[0], counts[1]
 
 
 def redis_calls(client: redis.Redis) -> int:
     stats = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items()
-               if k.split("|")[0] in ("cmdstat_mget", "cmdstat_evalsha", "cmdstat_eval",
-                                      "cmdstat_get", "cmdstat_script"))
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if k.split("|")[0]
+        in ("cmdstat_mget", "cmdstat_evalsha", "cmdstat_eval", "cmdstat_get", "cmdstat_script")
+    )
 
 
 def seed_sqlite(path: Path, n: int) -> None:
@@ -165,8 +234,10 @@ def seed_sqlite(path: Path, n: int) -> None:
     SQLiteStore(path).close()  # the schema
     doc = json.dumps({"operation_id": "x", "state": "committed", "attempt": 1, "pad": "y" * 200})
     with sqlite3.connect(path) as conn:
-        conn.executemany("INSERT OR REPLACE INTO kv (key, doc, expires_at) VALUES (?, ?, NULL)",
-                         ((f"p:op:seed-{i}", doc) for i in range(n)))
+        conn.executemany(
+            "INSERT OR REPLACE INTO kv (key, doc, expires_at) VALUES (?, ?, NULL)",
+            ((f"p:op:seed-{i}", doc) for i in range(n)),
+        )
 
 
 def seed_redis(client: redis.Redis, n: int) -> None:
@@ -182,6 +253,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--big", type=int, default=1_000_000, help="records for the size run")
+    ap.add_argument("--stores", default="sqlite,redis", help="comma-separated: sqlite, redis")
+    ap.add_argument("--no-size", action="store_true", help="skip the 1k vs --big run")
     args = ap.parse_args()
     if not shutil.which("wrk"):
         print("wrk is missing: apt-get install wrk", file=sys.stderr)
@@ -189,8 +262,21 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="loopstop-bench-"))
     redis_port = free_port()
     redis_proc = subprocess.Popen(
-        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp)], stdout=subprocess.DEVNULL)
+        [
+            "redis-server",
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     client = redis.Redis(port=redis_port, decode_responses=True)
     for _ in range(100):
         try:
@@ -205,13 +291,29 @@ def main() -> int:
         bases: dict[str, dict[str, dict[str, Any]]] = {}
         for label, url in (("bare", None), ("floor", f"redis://127.0.0.1:{redis_port}/0")):
             bare, bare_base = start_bare(args.workers, url)
-            bases[label] = {s: wrk(bare_base, s, args, {**env, "BENCH_TASKS": fake_tasks,
-                                                         "BENCH_THREADS": str(args.threads)})
-                            for s in SCENARIOS}
+            bases[label] = {
+                s: wrk(
+                    bare_base,
+                    s,
+                    args,
+                    {**env, "BENCH_TASKS": fake_tasks, "BENCH_THREADS": str(args.threads)},
+                )
+                for s in SCENARIOS
+            }
             stop(bare)
+            failed = sum(f["errors"] + f["non_2xx"] for f in bases[label].values())
+            if failed:
+                raise RuntimeError(f"the {label} baseline answered {failed} errors")
         baseline, floor = bases["bare"], bases["floor"]
         client.flushdb()
-        stores = {"sqlite": f"sqlite:///{tmp}/bench.db", "redis": f"redis://127.0.0.1:{redis_port}/0"}
+        stores = {
+            name: url
+            for name, url in (
+                ("sqlite", f"sqlite:///{tmp}/bench.db"),
+                ("redis", f"redis://127.0.0.1:{redis_port}/0"),
+            )
+            if name in args.stores.split(",")
+        }
         for name, url in stores.items():
             workdir = tmp / name
             workdir.mkdir()
@@ -222,11 +324,14 @@ def main() -> int:
                     if scenario.startswith("tool"):
                         extra["BENCH_TASKS"] = make_tasks(base, 2 * args.connections)
                         extra["BENCH_THREADS"] = str(args.threads)
-                    trips0, calls0 = round_trips(base), redis_calls(client)
+                    (decided0, trips0, conflicts0), calls0 = store_counts(base), redis_calls(client)
                     figures = wrk(base, scenario, args, {**env, **extra})
                     if name == "redis":
-                        n = figures["requests"]
-                        figures["round_trips"] = (round_trips(base) - trips0) / n
+                        time.sleep(1)  # let the requests wrk left in flight finish
+                        decided, trips, conflicts = store_counts(base)
+                        n = decided - decided0
+                        figures["round_trips"] = (trips - trips0) / n
+                        figures["conflicts"] = (conflicts - conflicts0) / n
                         figures["commands"] = (redis_calls(client) - calls0) / n
                     figures["ratio"] = figures["per_s"] / baseline[scenario]["per_s"]
                     figures["vs_floor"] = figures["per_s"] / floor[scenario]["per_s"]
@@ -234,22 +339,26 @@ def main() -> int:
             finally:
                 stop(proc)
         sizes: dict[str, dict[int, dict[str, Any]]] = {}
-        for name in stores:
+        for name in [] if args.no_size else stores:
             sizes[name] = {}
             for count in sorted({1_000, args.big}):
                 client.flushdb()
                 workdir = tmp / f"{name}-{count}"
                 workdir.mkdir()
-                url = (f"sqlite:///{workdir}/size.db" if name == "sqlite"
-                       else f"redis://127.0.0.1:{redis_port}/0")
+                url = (
+                    f"sqlite:///{workdir}/size.db"
+                    if name == "sqlite"
+                    else f"redis://127.0.0.1:{redis_port}/0"
+                )
                 if name == "sqlite":
                     seed_sqlite(workdir / "size.db", count)
                 else:
                     seed_redis(client, count)
                 proc, base = start_sidecar(url, workdir, args.workers)
                 try:
-                    sizes[name][count] = wrk(base, "begin+commit", args,
-                                             {**env, "BENCH_RUN": f"size{count}"})
+                    sizes[name][count] = wrk(
+                        base, "begin+commit", args, {**env, "BENCH_RUN": f"size{count}"}
+                    )
                 finally:
                     stop(proc)
     finally:
@@ -257,29 +366,45 @@ def main() -> int:
         redis_proc.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nloopstop benchmarks: {args.workers} gunicorn workers, wrk -t{args.threads} "
-          f"-c{args.connections} -d{args.duration}s, {os.cpu_count()} cores\n")
-    print(f"{'target':<11} {'scenario':<18} {'decisions/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
-          f"{'p99 ms':>8} {'vs bare':>8} {'vs floor':>8} {'RTT/dec':>8} {'cmds/dec':>8} "
-          f"{'non-2xx':>8}")
+    print(
+        f"\nloopstop benchmarks: {args.workers} gunicorn workers, wrk -t{args.threads} "
+        f"-c{args.connections} -d{args.duration}s, {os.cpu_count()} cores\n"
+    )
+    print(
+        f"{'target':<11} {'scenario':<18} {'decisions/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'vs bare':>8} {'vs floor':>8} {'RTT/dec':>8} {'cmds/dec':>8} "
+        f"{'non-2xx':>8}"
+    )
     for label, by_scenario in (("bare", baseline), ("bare+redis", floor)):
         for scenario, f in by_scenario.items():
             ratio = f["per_s"] / baseline[scenario]["per_s"]
-            print(f"{label:<11} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
-                  f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {ratio:>8.2f} {'':>8} {'':>8} "
-                  f"{'':>8} {f['errors'] + f['non_2xx']:>8}")
+            print(
+                f"{label:<11} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
+                f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {ratio:>8.2f} {'':>8} {'':>8} "
+                f"{'':>8} {f['errors'] + f['non_2xx']:>8}"
+            )
     for name, scenario, f in rows:
         rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
         cmds = f"{f['commands']:.2f}" if "commands" in f else ""
-        print(f"{name:<11} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
-              f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} "
-              f"{f['vs_floor']:>8.2f} {rtt:>8} {cmds:>8} {f['errors'] + f['non_2xx']:>8}")
+        print(
+            f"{name:<11} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
+            f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} "
+            f"{f['vs_floor']:>8.2f} {rtt:>8} {cmds:>8} {f['errors'] + f['non_2xx']:>8}"
+        )
     print("\nbegin+commit with records already stored:")
     for name, by_count in sizes.items():
         small, big = by_count[1_000], by_count[args.big]
-        print(f"  {name:<7} 1k: p99 {small['p99_ms']:.2f} ms, {small['per_s']:.0f}/s;  "
-              f"{args.big:,}: p99 {big['p99_ms']:.2f} ms, {big['per_s']:.0f}/s;  "
-              f"p99 ratio {big['p99_ms'] / small['p99_ms']:.2f}")
+        print(
+            f"  {name:<7} 1k: p99 {small['p99_ms']:.2f} ms, {small['per_s']:.0f}/s;  "
+            f"{args.big:,}: p99 {big['p99_ms']:.2f} ms, {big['per_s']:.0f}/s;  "
+            f"p99 ratio {big['p99_ms'] / small['p99_ms']:.2f}"
+        )
+    for name, scenario, f in rows:
+        if "conflicts" in f:
+            print(
+                f"{name} {scenario}: {f['conflicts'] * 1000:.1f} compare-and-set conflicts "
+                "per 1,000 decisions"
+            )
     errors = sum(f["errors"] + f["non_2xx"] for _, _, f in rows)
     print(f"\nerrors and non-2xx answers across the sidecar runs: {errors}")
     return 0

@@ -14,6 +14,7 @@ Metric names (all prefixed ``loopstop_``):
 ``invalid_markers_total``               markers that did not verify
 ``store_errors_total``                  requests answered 503 (store unavailable)
 ``store_round_trips_total``             round trips to a Redis store
+``store_conflicts_total``               compare-and-sets that found a change
 ``model_turns_total{decision}``         model-gate turns admitted / denied
 ``model_tokens_total``                  tokens the upstream model reported
 ``operations_awaiting_reconciliation``  open operations whose outcome is unknown
@@ -68,6 +69,11 @@ MODEL_TURNS = Counter(
 )
 STORE_ROUND_TRIPS = Counter(
     "loopstop_store_round_trips_total", "Requests sent to a Redis store (one per round trip)."
+)
+STORE_CONFLICTS = Counter(
+    "loopstop_store_conflicts_total",
+    "Redis compare-and-sets that found a document changed since it was read "
+    "(the transaction read again and re-ran).",
 )
 MODEL_TOKENS = Counter(
     "loopstop_model_tokens_total", "Tokens the upstream model reported through the gate."

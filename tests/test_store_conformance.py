@@ -269,3 +269,61 @@ def test_trim_removes_members_scored_below(store: Store) -> None:
     store.transact([], lambda snap: Plan(None, {}, [], [("ix", 4.0)]))
     assert [m for m, _ in store.index_page("ix", limit=20)] == [f"m{i}" for i in range(4, 10)]
     assert store.index_count("ix") == 6 and store.index_count("ix", max_score=5) == 2
+
+
+def test_one_plan_writes_and_deletes_several_documents(store: Store) -> None:
+    """Writes, deletes and TTLs of several documents in one plan land on the right keys."""
+    put(store, "gone", {"x": 0})
+    put(store, "kept", {"x": 0})
+
+    def fn(snap: Snapshot) -> Plan[None]:
+        for key in ("one", "gone", "two", "kept", "three"):
+            snap.get(key)
+        return Plan(
+            None,
+            {
+                "one": Write({"n": 1}),
+                "gone": Write(None),
+                "two": Write({"n": 2, "s": "deux"}, ttl_s=3600),
+                "three": Write({"n": 3}),
+            },
+        )
+
+    store.transact(["one", "gone", "two", "kept", "three"], fn)
+    assert store.get_many(["one", "gone", "two", "kept", "three"]) == {
+        "one": {"n": 1},
+        "gone": None,
+        "two": {"n": 2, "s": "deux"},
+        "kept": {"x": 0},
+        "three": {"n": 3},
+    }
+
+
+def test_redis_counts_a_conflict_and_retries(redis_server: RedisServer) -> None:
+    """A document changed between the read and the compare-and-set: the script
+    applies nothing, the transaction reads again, re-runs and lands; one
+    conflict is counted, and four round trips (two reads, two scripts)."""
+    from sidecar import metrics
+
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url)
+    put(store, "k", {"n": 1})
+    calls: list[int] = []
+
+    def fn(snap: Snapshot) -> Plan[int]:
+        seen = snap.get("k")
+        assert seen is not None
+        calls.append(seen["n"])
+        if len(calls) == 1:
+            put(store, "k", {"n": 10})  # another writer, between this read and its write
+        return Plan(seen["n"], {"k": Write({"n": seen["n"] + 1})})
+
+    conflicts = metrics.STORE_CONFLICTS._value.get()
+    trips = metrics.STORE_ROUND_TRIPS._value.get()
+    assert store.transact(["k"], fn) == 10
+    assert calls == [1, 10]
+    assert store.get("k") == {"n": 11}
+    assert metrics.STORE_CONFLICTS._value.get() - conflicts == 1
+    # this transaction's 4, plus the 2 of the writer it raced
+    assert metrics.STORE_ROUND_TRIPS._value.get() - trips == 6
+    store.close()

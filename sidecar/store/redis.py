@@ -110,6 +110,7 @@ class RedisStore(Store):
                     raise
                 if applied:
                     return plan.committed()
+                metrics.STORE_CONFLICTS.inc()
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
