@@ -327,3 +327,22 @@ def test_redis_counts_a_conflict_and_retries(redis_server: RedisServer) -> None:
     # this transaction's 4, plus the 2 of the writer it raced
     assert metrics.STORE_ROUND_TRIPS._value.get() - trips == 6
     store.close()
+
+
+def test_documents_keep_every_value_exactly(store: Store) -> None:
+    """Integers past 64 bits (request bodies may carry them up to a double's
+    range), non-ASCII text and floats come back exactly as written."""
+    doc = {
+        "big": 2**70,
+        "neg": -(10**300),
+        "edge": 2**64,
+        "u64": 2**64 - 1,
+        "text": "é ✓ 𝄞",
+        "float": 0.1,
+        "tiny": 5e-324,
+        "nested": [{"big": 2**100}],
+    }
+    put(store, "exact", doc)
+    back = store.get("exact")
+    assert back == doc
+    assert back is not None and type(back["big"]) is int and type(back["nested"][0]["big"]) is int

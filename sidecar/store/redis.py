@@ -40,7 +40,7 @@ from redis.retry import Retry
 
 from sidecar import metrics
 from sidecar.errors import StoreUnavailable
-from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn
+from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
 
 _CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
 
@@ -122,7 +122,7 @@ class RedisStore(Store):
     @staticmethod
     def _serialized(plan: Plan[Any]) -> dict[str, str | None]:
         return {
-            key: None if w.doc is None else json.dumps(w.doc, separators=(",", ":"))
+            key: None if w.doc is None else encode_doc(w.doc)
             for key, w in plan.writes.items()
         }
 

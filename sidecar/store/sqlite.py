@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.errors import StoreUnavailable
-from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn
+from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -270,7 +270,7 @@ class SQLiteStore(Store):
                     "INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, ?) "
                     "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc, "
                     "expires_at = excluded.expires_at",
-                    (key, json.dumps(write.doc, separators=(",", ":")), expires),
+                    (key, encode_doc(write.doc), expires),
                 )
         if plan.increments and not plan.writes:
             raise RuntimeError("a plan with increments must also write a document")
@@ -288,7 +288,7 @@ class SQLiteStore(Store):
                 "INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc, "
                 "expires_at = excluded.expires_at",
-                (key, json.dumps(doc, separators=(",", ":")), expires),
+                (key, encode_doc(doc), expires),
             )
         for name, below in plan.trims:
             conn.execute("DELETE FROM idx WHERE name = ? AND score < ?", (name, below))
