@@ -24,7 +24,7 @@ Times are epoch seconds; every function takes ``now``; no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -196,6 +196,13 @@ class ToolDecision(StrEnum):
     DENY = "deny"
 
 
+def _flat_doc(obj: TaskLimits | Used) -> dict[str, Any]:
+    """The fields of a dataclass of scalars plus its ``per_tool`` mapping (copied)."""
+    doc = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    doc["per_tool"] = dict(obj.per_tool)
+    return doc
+
+
 @dataclass(frozen=True)
 class TaskLimits:
     """Resolved limits of one task (configuration, then policy, then the request)."""
@@ -215,9 +222,7 @@ class TaskLimits:
     wrap_up_ratio: float = 0.8
 
     def to_doc(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["per_tool"] = dict(self.per_tool)
-        return doc
+        return _flat_doc(self)
 
 
 @dataclass(frozen=True)
@@ -274,7 +279,7 @@ class Task:
         copied (a deep ``asdict`` of 200 entries cost most of a tool call)."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["limits"] = self.limits.to_doc()
-        doc["used"] = {**asdict(self.used), "per_tool": dict(self.used.per_tool)}
+        doc["used"] = _flat_doc(self.used)
         for name in ("calls", "results_seen", "operations", "resumes"):
             doc[name] = list(getattr(self, name))
         doc["allowed_tools"] = None if self.allowed_tools is None else list(self.allowed_tools)
