@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -150,7 +150,8 @@ class Chain:
         return now < self.expires_at
 
     def to_doc(self) -> dict[str, Any]:
-        doc = asdict(self)
+        """The stored document. Shallow: the entries of ``recent`` are shared."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["recent"] = list(self.recent)
         return doc
 
@@ -182,7 +183,9 @@ class Effect:
         return now < self.expires_at
 
     def to_doc(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["fields"] = dict(self.fields)
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any] | None) -> Effect | None:
