@@ -1,5 +1,5 @@
 """Fail closed: a store that cannot answer gives 503 problem+json, and no
-``execute`` is ever returned without a stored record."""
+``execute`` or ``proceed`` is ever returned without a stored record."""
 
 from __future__ import annotations
 
@@ -25,6 +25,15 @@ def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> N
         lock = threading.Lock()
         stop = threading.Event()
 
+        setup = Api(app.test_client(), token=None)
+        status, created = setup.post(
+            "/v1/tasks", {"workflow": "wf", "limits": {"max_tool_calls": 100_000}}
+        )
+        assert status == 201
+        task_id = created["task"]["task_id"]
+        activations: list[tuple[int, Any]] = []
+        tool_calls: list[tuple[int, Any]] = []
+
         def worker(n: int) -> None:
             api = Api(app.test_client(), token=None)
             i = 0
@@ -34,6 +43,18 @@ def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> N
                 status, body = api.post(f"/v1/operations/{op_id}/begin", {"payload": {"i": i}})
                 with lock:
                     results.append((op_id, status, body))
+                if n % 4 == 1:  # some threads also activate fresh events and call tools
+                    answer = api.post(
+                        "/v1/activations",
+                        {"workflow": "wf", "event_key": f"e{n}-{i}", "content": {"i": i}},
+                    )
+                    call = api.post(
+                        f"/v1/tasks/{task_id}/tool-calls",
+                        {"tool": "search", "kind": "read", "args": {"n": n, "i": i}},
+                    )
+                    with lock:
+                        activations.append(answer)
+                        tool_calls.append(call)
 
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
         for t in threads:
@@ -59,9 +80,25 @@ def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> N
         assert results[-1][1] == 200, "service did not resume after Redis came back"
         store = store_from_url(server.url)
         docs = store.get_many([f"p:op:{op}" for op in executed])
-        store.close()
         missing = [op for op in executed if docs[f"p:op:{op}"] is None]
         assert not missing, f"execute returned without a stored record: {missing[:5]}"
+        # Activations and tool calls fail closed the same way: 503 problem+json
+        # during the outage, and every proceed / execute is on record.
+        for status, body in activations + tool_calls:
+            assert status == 200 or (
+                status == 503 and body["type"].endswith("store-unavailable")
+            ), (status, body)
+        assert any(s == 503 for s, _ in activations) and any(s == 503 for s, _ in tool_calls)
+        proceeded = [b for s, b in activations if s == 200 and b["decision"] == "proceed"]
+        assert proceeded
+        chains = store.get_many([f"p:chain:{b['chain_id']}" for b in proceeded])
+        assert all(doc is not None for doc in chains.values()), "proceed without a chain record"
+        task = store.get(f"p:task:{task_id}")
+        assert task is not None
+        recorded = {c["call_id"] for c in task["calls"]}
+        admitted = [b["call_id"] for s, b in tool_calls if s == 200 and b["decision"] == "execute"]
+        assert admitted and set(admitted) <= recorded, "execute without a recorded call"
+        store.close()
         api = Api(app.test_client(), token=None)
         assert api.get("/readyz")[0] == 200
     finally:
