@@ -2,7 +2,10 @@
 -- (BENCH_TASKS: comma-separated task ids, split evenly over the threads), as
 -- several agents would: a task has at most one request in flight, so its
 -- calls and results come one after another. Give each thread more tasks
--- than connections.
+-- than connections. An answer without a task id (an error, or a baseline's
+-- fixed body) frees nothing: its task stays busy, and once every task is
+-- busy the script picks tasks round-robin, so read the figures of a run
+-- with errors with care (bench/run.py prints the non-2xx count).
 local counter = 0
 local token = os.getenv("BENCH_TOKEN") or ""
 local all = {}

@@ -32,11 +32,11 @@ MIN_TOKEN_CHARS = 16
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and Infinity are refused: every setting ends up in stored records and TTLs.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
-PositiveFloat = Annotated[float, Field(gt=0)]
 #: Counts and windows stay within what every store can hold as a TTL.
 Count = Annotated[int, Field(ge=1, le=1_000_000)]
 Seconds = Annotated[float, Field(gt=0, le=31_536_000)]  # a year
@@ -113,11 +113,11 @@ class ChainPolicy(_Section):
     max_depth: Annotated[int, Field(ge=0)] = 3
     max_activations: PositiveInt = 20
     rate_limit: PositiveInt = 10
-    rate_window_s: PositiveFloat = 3600
+    rate_window_s: Seconds = 3600
     workflow_rate_limit: PositiveInt = 10_000
-    workflow_rate_window_s: PositiveFloat = 3600
-    dedupe_window_s: PositiveFloat = 3600
-    chain_ttl_s: PositiveFloat = 86_400
+    workflow_rate_window_s: Seconds = 3600
+    dedupe_window_s: Seconds = 3600
+    chain_ttl_s: Seconds = 86_400
 
 
 class ChainPolicyOverride(_Section):
@@ -126,11 +126,11 @@ class ChainPolicyOverride(_Section):
     max_depth: Annotated[int, Field(ge=0)] | None = None
     max_activations: PositiveInt | None = None
     rate_limit: PositiveInt | None = None
-    rate_window_s: PositiveFloat | None = None
+    rate_window_s: Seconds | None = None
     workflow_rate_limit: PositiveInt | None = None
-    workflow_rate_window_s: PositiveFloat | None = None
-    dedupe_window_s: PositiveFloat | None = None
-    chain_ttl_s: PositiveFloat | None = None
+    workflow_rate_window_s: Seconds | None = None
+    dedupe_window_s: Seconds | None = None
+    chain_ttl_s: Seconds | None = None
 
 
 class ChainsConfig(_Section):
@@ -161,7 +161,7 @@ class ModelGateConfig(_Section):
     upstream_url: str | None = None
     api_key_env: str | None = None
     default_model: str | None = None
-    timeout_s: PositiveFloat = 60
+    timeout_s: Seconds = 60
     allow_untracked: bool = False
 
 
@@ -186,10 +186,12 @@ class HttpCheck(_Section):
     expect_status: list[int] = [200]
     assert_: Annotated[list[str], Field(alias="assert")] = []
     revision: str | None = None
-    timeout_s: PositiveFloat = 5
+    timeout_s: Seconds = 5
     headers: dict[str, str | EnvHeader] = {}
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     @model_validator(mode="after")
     def _fixed_host(self) -> HttpCheck:
@@ -208,7 +210,9 @@ class JsonSchemaCheck(_Section):
     path: str | None = None
     schema_: Annotated[dict[str, Any], Field(alias="schema")]
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class CursorCheck(_Section):

@@ -93,6 +93,30 @@ def test_every_error_has_its_path() -> None:
     assert {"limits.max_tool_calls", "limits.max_toll_calls", "tokens.0.env"} <= paths
 
 
+def test_infinite_and_unbounded_times_are_refused() -> None:
+    """Settings end up in stored records and TTLs: NaN, Infinity (YAML's .inf)
+    and windows past a year are refused with their paths."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_mapping(
+            {
+                "chains": {
+                    "default": {"chain_ttl_s": float("inf"), "rate_window_s": float("nan")},
+                    "workflows": {"wf": {"dedupe_window_s": 1e300}},
+                },
+                "operations": {"lease_s": float("inf")},
+                "limits": {"wrap_up_ratio": float("nan")},
+            }
+        )
+    paths = {p for p, _ in info.value.problems}
+    assert paths == {
+        "chains.default.chain_ttl_s",
+        "chains.default.rate_window_s",
+        "chains.workflows.wf.dedupe_window_s",
+        "operations.lease_s",
+        "limits.wrap_up_ratio",
+    }
+
+
 def test_cross_references_are_checked() -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_mapping(

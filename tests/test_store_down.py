@@ -43,7 +43,9 @@ def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> N
                 status, body = api.post(f"/v1/operations/{op_id}/begin", {"payload": {"i": i}})
                 with lock:
                     results.append((op_id, status, body))
-                if n % 4 == 1:  # some threads also activate fresh events and call tools
+                # Two threads also activate fresh events and call tools (60 calls
+                # each at most: every admitted call stays in the task's history).
+                if n % 4 == 1 and i <= 60:
                     answer = api.post(
                         "/v1/activations",
                         {"workflow": "wf", "event_key": f"e{n}-{i}", "content": {"i": i}},

@@ -46,17 +46,20 @@ def encode_doc(doc: Any) -> str:
 
     orjson writes it (a task document with its 200-call history is ~35 KB:
     about 15 us against 230 us for the standard library); the rare document
-    orjson refuses, such as one holding an integer past 64 bits, which
-    request bodies may carry, is written by :func:`json.dumps` instead, so
-    every value is stored exactly. Documents are read back with
-    :func:`json.loads` (orjson would turn such an integer into a float).
+    orjson refuses, such as one holding an integer past 64 bits (request
+    bodies may carry them) or a lone surrogate, is written by
+    :func:`json.dumps` instead, ASCII-escaped, so every value is stored
+    exactly. Documents are read back with :func:`json.loads` (orjson would
+    turn such an integer into a float). Documents never hold NaN or
+    Infinity: the configuration and request bodies refuse them (orjson
+    would write ``null``).
 
     :raises TypeError: when neither can encode ``doc``.
     """
     try:
         return orjson.dumps(doc).decode()
     except TypeError:
-        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return json.dumps(doc, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
