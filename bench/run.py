@@ -218,13 +218,19 @@ def store_counts(base: str) -> tuple[float, float, float]:
     return decisions, counts[0], counts[1]
 
 
+#: Commands the bench itself, redis-py's connection set-up and health checks send.
+NOT_DECISIONS = ("info", "ping", "config", "client", "hello", "select", "flushdb", "mset")
+
+
 def redis_calls(client: redis.Redis) -> int:
+    """Commands Redis has run so far, those a script runs included (``INFO
+    commandstats`` counts a script's own GET, SET, ZADD... as commands), less
+    the bench's and the connection's own."""
     stats = client.info("commandstats")
     return sum(
         int(v["calls"])
         for k, v in stats.items()
-        if k.split("|")[0]
-        in ("cmdstat_mget", "cmdstat_evalsha", "cmdstat_eval", "cmdstat_get", "cmdstat_script")
+        if k.removeprefix("cmdstat_").split("|")[0] not in NOT_DECISIONS
     )
 
 
@@ -291,15 +297,19 @@ def main() -> int:
         bases: dict[str, dict[str, dict[str, Any]]] = {}
         for label, url in (("bare", None), ("floor", f"redis://127.0.0.1:{redis_port}/0")):
             bare, bare_base = start_bare(args.workers, url)
-            bases[label] = {
-                s: wrk(
+            bases[label] = {}
+            for scenario in SCENARIOS:
+                calls0 = redis_calls(client)
+                figures = wrk(
                     bare_base,
-                    s,
+                    scenario,
                     args,
                     {**env, "BENCH_TASKS": fake_tasks, "BENCH_THREADS": str(args.threads)},
                 )
-                for s in SCENARIOS
-            }
+                if url is not None:
+                    time.sleep(1)  # let the requests wrk left in flight finish
+                    figures["commands"] = (redis_calls(client) - calls0) / figures["requests"]
+                bases[label][scenario] = figures
             stop(bare)
             failed = sum(f["errors"] + f["non_2xx"] for f in bases[label].values())
             if failed:
@@ -378,10 +388,11 @@ def main() -> int:
     for label, by_scenario in (("bare", baseline), ("bare+redis", floor)):
         for scenario, f in by_scenario.items():
             ratio = f["per_s"] / baseline[scenario]["per_s"]
+            cmds = f"{f['commands']:.2f}" if "commands" in f else ""
             print(
                 f"{label:<11} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
                 f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {ratio:>8.2f} {'':>8} {'':>8} "
-                f"{'':>8} {f['errors'] + f['non_2xx']:>8}"
+                f"{cmds:>8} {f['errors'] + f['non_2xx']:>8}"
             )
     for name, scenario, f in rows:
         rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""

@@ -150,5 +150,6 @@ def test_begin_race_at_volume_across_four_workers(
         )
     finally:
         served.stop()
-    print(out.stdout.strip())
+    store = sidecar_env["LOOPSTOP_STORE"].split(":", 1)[0]
+    print(f"{store}: {out.stdout.strip()}")
     assert out.returncode == 0, out.stdout + out.stderr
