@@ -10,7 +10,7 @@ import pytest
 from conftest import RedisServer
 from sidecar.errors import ConfigError, SchemaMismatch, StoreUnavailable
 from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write, store_from_url
-from sidecar.store.base import SCHEMA_VERSION
+from sidecar.store.base import SCHEMA_VERSION, Doc, T, TxnFn
 from sidecar.store.redis import RedisStore
 
 
@@ -301,8 +301,9 @@ def test_one_plan_writes_and_deletes_several_documents(store: Store) -> None:
 
 def test_redis_counts_a_conflict_and_retries(redis_server: RedisServer) -> None:
     """A document changed between the read and the compare-and-set: the script
-    applies nothing, the transaction reads again, re-runs and lands; one
-    conflict is counted, and four round trips (two reads, two scripts)."""
+    applies nothing and answers the current value, on which the transaction
+    re-runs and lands; one conflict is counted, and three round trips (one
+    read, two scripts)."""
     from sidecar import metrics
 
     redis_server.client().flushdb()
@@ -324,8 +325,8 @@ def test_redis_counts_a_conflict_and_retries(redis_server: RedisServer) -> None:
     assert calls == [1, 10]
     assert store.get("k") == {"n": 11}
     assert metrics.STORE_CONFLICTS._value.get() - conflicts == 1
-    # this transaction's 4, plus the 2 of the writer it raced
-    assert metrics.STORE_ROUND_TRIPS._value.get() - trips == 6
+    # this transaction's 3, plus the 2 of the writer it raced
+    assert metrics.STORE_ROUND_TRIPS._value.get() - trips == 5
     store.close()
 
 
@@ -348,3 +349,113 @@ def test_documents_keep_every_value_exactly(store: Store) -> None:
     back = store.get("exact")
     assert back == doc
     assert back is not None and type(back["big"]) is int and type(back["nested"][0]["big"]) is int
+
+
+def _counting(store: Store, keys: list[str], fn: TxnFn[T], **hint: bool) -> tuple[T, float]:
+    """``store.transact`` and the Redis round trips it took."""
+    from sidecar import metrics
+
+    before = metrics.STORE_ROUND_TRIPS._value.get()
+    result = store.transact(keys, fn, **hint)
+    return result, metrics.STORE_ROUND_TRIPS._value.get() - before
+
+
+def _create_once(snap: Snapshot) -> Plan[str]:
+    """Create "a" unless it exists; answer what it found."""
+    doc = snap.get("a")
+    if doc is not None:
+        return Plan(f"found {doc['v']}", {})
+    return Plan("created", {"a": Write({"v": 1})})
+
+
+def test_absent_likely_never_changes_a_result(store: Store) -> None:
+    """The hint that keys are probably new gives the same answers and writes
+    as a plain transaction, whether the guess holds or not."""
+    assert store.transact(["a"], _create_once, absent_likely=True) == "created"
+    assert store.transact(["a"], _create_once, absent_likely=True) == "found 1"
+    assert store.get("a") == {"v": 1}
+
+
+def test_absent_likely_on_redis_saves_the_read_when_it_holds(
+    redis_server: RedisServer,
+) -> None:
+    """New keys: one round trip (the compare-and-set checks they are absent).
+    Existing keys: the script's answer is the read, and the function runs
+    again on the stored value: one more round trip when it writes, none when
+    it only reads (that answer is one consistent snapshot)."""
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url)
+    assert _counting(store, ["a"], _create_once, absent_likely=True) == ("created", 1)
+    seen: list[Doc | None] = []
+
+    def spy(snap: Snapshot) -> Plan[str]:
+        seen.append(snap.get("a"))
+        return _create_once(snap)
+
+    assert _counting(store, ["a"], spy, absent_likely=True) == ("found 1", 1)
+    assert seen == [None, {"v": 1}]
+
+    def bump(snap: Snapshot) -> Plan[int]:
+        v = (snap.get("a") or {"v": 0})["v"] + 1
+        return Plan(v, {"a": Write({"v": v})})
+
+    assert _counting(store, ["a"], bump, absent_likely=True) == (2, 2)
+    assert store.get("a") == {"v": 2}
+    assert _counting(store, ["a"], bump) == (3, 2)  # without the hint: read, then write
+    store.close()
+
+
+def test_absent_likely_checks_keys_read_inside_the_function(
+    redis_server: RedisServer,
+) -> None:
+    """A key first read inside the function is guessed absent too, and
+    checked: when it exists, the function runs again on it."""
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url)
+    put(store, "stop", {"why": "operator"})
+
+    def guarded(snap: Snapshot) -> Plan[str]:
+        if snap.get("stop") is not None:
+            return Plan("stopped", {})
+        return Plan("written", {"a": Write({"v": 1})})
+
+    assert store.transact(["a"], guarded, absent_likely=True) == "stopped"
+    assert store.get("a") is None
+    store.close()
+
+
+def test_absent_likely_drops_errors_and_unchecked_reads_of_a_guess(
+    redis_server: RedisServer,
+) -> None:
+    """An exception raised on the guess is not the answer (the function runs
+    again on what is stored); a plan that reads a key unchecked is never
+    decided on a guess (that key is not compared), so it is read for real."""
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url)
+    put(store, "a", {"v": 1})
+
+    def needs(key: str) -> TxnFn[int]:
+        def fn(snap: Snapshot) -> Plan[int]:
+            doc = snap.get(key)
+            if doc is None:
+                raise LookupError(f"no {key}")
+            return Plan(doc["v"], {key: Write({"v": doc["v"] + 1})})
+
+        return fn
+
+    assert store.transact(["a"], needs("a"), absent_likely=True) == 1
+    assert store.get("a") == {"v": 2}
+    with pytest.raises(LookupError):  # raised on what is stored: it is the answer
+        store.transact(["missing"], needs("missing"), absent_likely=True)
+
+    put(store, "hits", {"count": 41})
+
+    def counts(snap: Snapshot) -> Plan[int]:
+        seen = (snap.get("hits") or {}).get("count", 0)
+        plan = Plan(seen, {"own": Write({"ok": True})}, unchecked={"hits"})
+        plan.increments["hits"] = Increment("count", 1, 3600)
+        return plan
+
+    assert store.transact(["hits", "own"], counts, absent_likely=True) == 41
+    assert store.get("hits") == {"count": 42}
+    store.close()

@@ -153,7 +153,9 @@ class OperationService:
                 )
             return self.plan(ns, new, outcome)
 
-        outcome = self.store.transact(declared, decide)
+        # Most begins are of a new id: the store may decide on "absent" and
+        # let its compare-and-set check it (one round trip on Redis).
+        outcome = self.store.transact(declared, decide, absent_likely=True)
         spec = body.reconcile or (outcome.operation.reconcile_check if outcome.operation else None)
         if outcome.decision is BeginDecision.RECONCILE and spec is not None:
             finding = self._ask_receiver(spec)

@@ -174,11 +174,18 @@ class Store(abc.ABC):
     backend: str = "abstract"
 
     @abc.abstractmethod
-    def transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
+    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
         """Read ``keys``, call ``fn(snapshot)``, apply its plan atomically.
 
         ``fn`` may be called more than once (Redis retries on a concurrent
         change), so it must be pure.
+
+        ``absent_likely`` is a hint that the keys probably do not exist yet
+        (a new id). A store may then call ``fn`` on a snapshot where they are
+        absent and let its atomic compare check that guess, saving a read;
+        a wrong guess is detected and ``fn`` runs again on what is stored, so
+        the hint never changes a result (an exception ``fn`` raises on a
+        guess is dropped the same way).
 
         :returns: ``plan.result``.
         :raises StoreUnavailable: on a driver error or persistent contention.

@@ -14,8 +14,15 @@ A transaction costs two round trips when nothing else wrote in between:
 ``MGET`` of the declared keys, then the ``cas.lua`` compare-and-set, which
 checks that every document read is unchanged and applies the plan. A
 decision that writes nothing returns after the read. On a concurrent change
-the transaction reads again and re-runs the (pure) function, with a short
-jittered back-off, up to ``max_retries`` times.
+the script writes nothing and answers the documents' current values, and
+the transaction re-runs the (pure) function on them, with a short jittered
+back-off, up to ``max_retries`` times.
+
+A transaction on keys that are probably new (``absent_likely``: a first
+``begin`` of an operation id) skips the ``MGET``: the function decides as if
+every key were absent, and the compare-and-set checks exactly that. One
+round trip when the guess holds; when it does not, the script's answer is
+the read, so still two.
 
 redis-py's own retries are off: a command that timed out may or may not
 have run, and a blind resend of a compare-and-set would misreport a
@@ -91,25 +98,44 @@ class RedisStore(Store):
     def _k(self, key: str) -> str:
         return self.prefix + key
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
+    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
         declared = list(dict.fromkeys(keys))
+        # What the next attempt starts from without reading: every declared
+        # key absent (a guess, when asked for), or the values a failed
+        # compare-and-set returned (one consistent snapshot).
+        seed: dict[str, str | None] | None = dict.fromkeys(declared) if absent_likely else None
+        guessing = absent_likely
         try:
             for attempt in range(self.max_retries):
-                reads = _Reads(self)
+                reads = _Reads(self, seed, guessing)
                 reads.load(declared)
-                plan = fn(Snapshot(reads.docs, reads.load))
-                quiet = not (plan.writes or plan.index or plan.trims or plan.increments)
-                if quiet and reads.round_trips <= 1:
-                    return plan.committed()  # one MGET is a consistent snapshot
                 try:
-                    applied = self._compare_and_set(reads.raw, plan)
+                    plan = fn(Snapshot(reads.docs, reads.load))
+                except Exception:
+                    if not guessing:
+                        raise
+                    plan = None  # decided on a guess: decide again on what is stored
+                if guessing and (plan is None or plan.unchecked):
+                    # Keys read unchecked are never compared: they must be real.
+                    seed, guessing = None, False
+                    continue
+                assert plan is not None
+                quiet = not (plan.writes or plan.index or plan.trims or plan.increments)
+                if quiet and not guessing and reads.snapshots <= 1:
+                    return plan.committed()  # read at one instant: consistent as it is
+                try:
+                    current = self._compare_and_set(reads.raw, plan)
                 except redis.TimeoutError:
                     # The script may have run: if every write is in place, it did.
                     if self._landed(plan):
                         return plan.committed()
                     raise
-                if applied:
+                if current is None:
                     return plan.committed()
+                seed = current
+                if guessing:
+                    guessing = False  # a wrong guess costs no extra round trip
+                    continue
                 metrics.STORE_CONFLICTS.inc()
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
         except redis.RedisError as exc:
@@ -121,10 +147,7 @@ class RedisStore(Store):
 
     @staticmethod
     def _serialized(plan: Plan[Any]) -> dict[str, str | None]:
-        return {
-            key: None if w.doc is None else encode_doc(w.doc)
-            for key, w in plan.writes.items()
-        }
+        return {key: None if w.doc is None else encode_doc(w.doc) for key, w in plan.writes.items()}
 
     def _landed(self, plan: Plan[Any]) -> bool:
         """True when every document the plan writes holds exactly the planned value.
@@ -141,7 +164,12 @@ class RedisStore(Store):
             return False
         return all(v == planned[k] for k, v in zip(planned, now, strict=True))
 
-    def _compare_and_set(self, raw: dict[str, str | None], plan: Plan[Any]) -> bool:
+    def _compare_and_set(
+        self, raw: dict[str, str | None], plan: Plan[Any]
+    ) -> dict[str, str | None] | None:
+        """Run ``cas.lua``: None when the plan was applied; otherwise nothing
+        was written and the answer is the current raw value of every compared
+        document (those ``raw`` holds, less the plan's unchecked keys)."""
         if plan.increments and not plan.writes:
             # Nothing of its own to look for after a timeout: it could apply twice.
             raise RuntimeError("a plan with increments must also write a document")
@@ -190,7 +218,10 @@ class RedisStore(Store):
                 *values,
             ],
         )
-        return bool(result == 1)
+        if result == 1:
+            return None
+        now = cast(list[str | None], result)[1:]
+        return dict(zip(doc_keys, now, strict=True))
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
         unique = list(dict.fromkeys(keys))
@@ -302,24 +333,42 @@ class RedisStore(Store):
 
 
 class _Reads:
-    """The raw values one transaction attempt read, and the round trips it took."""
+    """The raw values one transaction attempt read, and how many instants they
+    were read at (each ``MGET`` is one; a seed from a compare-and-set is one).
 
-    def __init__(self, store: RedisStore) -> None:
+    :param seed: values known without reading (the attempt starts from them).
+    :param guessing: the seed is a guess: keys not in it are assumed absent
+        too, never read; the compare-and-set checks every one of them.
+    """
+
+    def __init__(
+        self, store: RedisStore, seed: dict[str, str | None] | None, guessing: bool
+    ) -> None:
         self.store = store
+        self.guessing = guessing
         self.raw: dict[str, str | None] = {}
         self.docs: dict[str, Doc | None] = {}
-        self.round_trips = 0
+        self.snapshots = 0
+        if seed is not None:
+            self.snapshots = 0 if guessing else 1
+            self._keep(list(seed), list(seed.values()))
+
+    def _keep(self, keys: list[str], values: list[str | None]) -> None:
+        for k, v in zip(keys, values, strict=True):
+            self.raw[k] = v
+            self.docs[k] = None if v is None else json.loads(v)
 
     def load(self, keys: list[str]) -> None:
         fresh = [k for k in keys if k not in self.raw]
         if not fresh:
             return
-        self.round_trips += 1
+        if self.guessing:
+            self._keep(fresh, [None] * len(fresh))
+            return
+        self.snapshots += 1
         metrics.STORE_ROUND_TRIPS.inc()
         values = cast(list[str | None], self.store.client.mget([self.store._k(k) for k in fresh]))
-        for k, v in zip(fresh, values, strict=True):
-            self.raw[k] = v
-            self.docs[k] = None if v is None else json.loads(v)
+        self._keep(fresh, values)
 
 
 def _redact(url: str) -> str:

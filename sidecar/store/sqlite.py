@@ -116,7 +116,8 @@ class SQLiteStore(Store):
 
     # -- interface ---------------------------------------------------------
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
+    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+        del absent_likely  # one local read inside the write lock: nothing to save
         with self._errors():
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")

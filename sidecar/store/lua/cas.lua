@@ -20,16 +20,21 @@
 --                 compared), creating {field: delta} when the key is absent.
 -- ARGV[n+3..]     the new documents, each a JSON string: kept apart from the
 --                 plan so the script never decodes them.
--- Returns 1 when the plan was applied, 0 when any document changed since it
--- was read (the caller reads again and retries; nothing was written).
+-- Returns 1 when the plan was applied. When any document changed since it
+-- was read, nothing is written and the answer is {0, value_1, ..., value_n}:
+-- every document's current value (nil when absent), read at one instant, so
+-- the caller re-runs its function on them without reading again.
 
 local n = tonumber(ARGV[1])
+local current = {0}
+local changed = false
 for i = 1, n do
   local now = redis.call('GET', KEYS[i])
-  local expected = ARGV[i + 1]
+  current[i + 1] = now
   if now == false then now = '' end
-  if now ~= expected then return 0 end
+  if now ~= ARGV[i + 1] then changed = true end
 end
+if changed then return current end
 
 local plan = cjson.decode(ARGV[n + 2])
 -- Increments are computed before anything is written: a target that is not
