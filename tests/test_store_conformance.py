@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -458,4 +459,90 @@ def test_absent_likely_drops_errors_and_unchecked_reads_of_a_guess(
 
     assert store.transact(["hits", "own"], counts, absent_likely=True) == 41
     assert store.get("hits") == {"count": 42}
+    store.close()
+
+
+def test_redis_reads_afresh_after_backing_off(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first conflict re-runs at once on the values the script answered; a
+    second backs off, then reads again: values answered before the sleep are
+    stale by it, and a hot key would keep losing on them (then give up, 503)."""
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url)
+    put(store, "k", {"n": 1})
+    calls: list[int] = []
+
+    def fn(snap: Snapshot) -> Plan[int]:
+        seen = snap.get("k")
+        assert seen is not None
+        calls.append(seen["n"])
+        if len(calls) <= 2:
+            put(store, "k", {"n": seen["n"] * 10})  # another writer wins, twice
+        return Plan(seen["n"], {"k": Write({"n": seen["n"] + 1})})
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        put(store, "k", {"n": 500})  # and once more during the back-off
+
+    monkeypatch.setattr("sidecar.store.redis.time.sleep", sleep)
+    assert store.transact(["k"], fn) == 500
+    assert calls == [1, 10, 500]
+    assert len(slept) == 1 and 0 <= slept[0] <= 0.05
+    assert store.get("k") == {"n": 501}
+    store.close()
+
+
+def test_redis_hot_key_never_gives_up(redis_server: RedisServer) -> None:
+    """Thirty-two threads bump one document as fast as they can: every bump lands
+    (none gives up after its retries), and none is lost."""
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url)
+    put(store, "hot", {"n": 0})
+
+    def bump(snap: Snapshot) -> Plan[None]:
+        n = (snap.get("hot") or {"n": 0})["n"] + 1
+        return Plan(None, {"hot": Write({"n": n})})
+
+    def worker(_: int) -> int:
+        for _i in range(100):
+            store.transact(["hot"], bump)
+        return 100
+
+    with ThreadPoolExecutor(32) as pool:
+        done = sum(pool.map(worker, range(32)))
+    assert done == 3200
+    assert store.get("hot") == {"n": 3200}
+    store.close()
+
+
+def test_redis_guess_answers_a_replay_during_a_write_pause(redis_server: RedisServer) -> None:
+    """A failover pauses writes (``CLIENT PAUSE WRITE``), which blocks the
+    compare-and-set of a guess: after its timeout the decision is made once
+    more on a real read, so a begin that only finds its record is answered;
+    one that must write fails closed, and leaves nothing behind."""
+    client = redis_server.client()
+    client.flushdb()
+    store = RedisStore(redis_server.url + "?socket_timeout_s=0.3")
+
+    def create_b(snap: Snapshot) -> Plan[str]:
+        if snap.get("b") is not None:
+            return Plan("found", {})
+        return Plan("created", {"b": Write({"v": 1})})
+
+    put(store, "a", {"v": 7})
+    client.execute_command("CLIENT", "PAUSE", "3000", "WRITE")
+    try:
+        assert store.transact(["a"], _create_once, absent_likely=True) == "found 7"
+        with pytest.raises(StoreUnavailable):
+            store.transact(["b"], create_b, absent_likely=True)
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+    assert store.get("a") == {"v": 7}
+    time.sleep(0.2)  # a blocked script of a dropped connection never runs
+    assert store.get("b") is None
+    assert store.transact(["b"], create_b, absent_likely=True) == "created"
+    assert store.get("b") == {"v": 1}
     store.close()

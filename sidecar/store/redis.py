@@ -14,15 +14,18 @@ A transaction costs two round trips when nothing else wrote in between:
 ``MGET`` of the declared keys, then the ``cas.lua`` compare-and-set, which
 checks that every document read is unchanged and applies the plan. A
 decision that writes nothing returns after the read. On a concurrent change
-the script writes nothing and answers the documents' current values, and
-the transaction re-runs the (pure) function on them, with a short jittered
-back-off, up to ``max_retries`` times.
+the script writes nothing and answers the documents' current values: the
+transaction re-runs the (pure) function on them at once; on a second
+conflict and after, it sleeps a short jittered back-off and reads again (an
+answer is stale by the sleep), up to ``max_retries`` attempts.
 
 A transaction on keys that are probably new (``absent_likely``: a first
 ``begin`` of an operation id) skips the ``MGET``: the function decides as if
 every key were absent, and the compare-and-set checks exactly that. One
 round trip when the guess holds; when it does not, the script's answer is
-the read, so still two.
+the read, so still two. A guess that times out (a write pause during a
+failover blocks the script) is decided once more on a real read, so a
+replay is still answered while writes wait.
 
 redis-py's own retries are off: a command that timed out may or may not
 have run, and a blind resend of a compare-and-set would misreport a
@@ -105,8 +108,9 @@ class RedisStore(Store):
         # compare-and-set returned (one consistent snapshot).
         seed: dict[str, str | None] | None = dict.fromkeys(declared) if absent_likely else None
         guessing = absent_likely
+        conflicts = 0
         try:
-            for attempt in range(self.max_retries):
+            for _attempt in range(self.max_retries):
                 reads = _Reads(self, seed, guessing)
                 reads.load(declared)
                 try:
@@ -129,7 +133,14 @@ class RedisStore(Store):
                     # The script may have run: if every write is in place, it did.
                     if self._landed(plan):
                         return plan.committed()
-                    raise
+                    if not guessing:
+                        raise
+                    # A guess waits like any write (a failover's write pause):
+                    # decide once more on a real read, which a replay needs
+                    # no write for. If the script still runs, it compares
+                    # against the guess and writes nothing over a record.
+                    seed, guessing = None, False
+                    continue
                 if current is None:
                     return plan.committed()
                 seed = current
@@ -137,7 +148,12 @@ class RedisStore(Store):
                     guessing = False  # a wrong guess costs no extra round trip
                     continue
                 metrics.STORE_CONFLICTS.inc()
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                conflicts += 1
+                if conflicts > 1:
+                    # Back off, then read afresh: values answered before a
+                    # sleep are stale by the sleep and would lose again.
+                    time.sleep(random.uniform(0, min(0.05, 0.001 * 2**conflicts)))
+                    seed = None
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
         raise StoreUnavailable(
