@@ -300,6 +300,22 @@ def test_one_plan_writes_and_deletes_several_documents(store: Store) -> None:
     }
 
 
+def _bump_losing(store: Store, calls: list[int], races: int) -> TxnFn[int]:
+    """A function that increments "k" and answers what it saw (kept in
+    ``calls``); on each of its first ``races`` runs another writer sets "k"
+    to ten times that, between this read and its write."""
+
+    def fn(snap: Snapshot) -> Plan[int]:
+        seen = snap.get("k")
+        assert seen is not None
+        calls.append(seen["n"])
+        if len(calls) <= races:
+            put(store, "k", {"n": seen["n"] * 10})
+        return Plan(seen["n"], {"k": Write({"n": seen["n"] + 1})})
+
+    return fn
+
+
 def test_redis_counts_a_conflict_and_retries(redis_server: RedisServer) -> None:
     """A document changed between the read and the compare-and-set: the script
     applies nothing and answers the current value, on which the transaction
@@ -311,14 +327,7 @@ def test_redis_counts_a_conflict_and_retries(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url)
     put(store, "k", {"n": 1})
     calls: list[int] = []
-
-    def fn(snap: Snapshot) -> Plan[int]:
-        seen = snap.get("k")
-        assert seen is not None
-        calls.append(seen["n"])
-        if len(calls) == 1:
-            put(store, "k", {"n": 10})  # another writer, between this read and its write
-        return Plan(seen["n"], {"k": Write({"n": seen["n"] + 1})})
+    fn = _bump_losing(store, calls, races=1)
 
     conflicts = metrics.STORE_CONFLICTS._value.get()
     trips = metrics.STORE_ROUND_TRIPS._value.get()
@@ -472,14 +481,7 @@ def test_redis_reads_afresh_after_backing_off(
     store = RedisStore(redis_server.url)
     put(store, "k", {"n": 1})
     calls: list[int] = []
-
-    def fn(snap: Snapshot) -> Plan[int]:
-        seen = snap.get("k")
-        assert seen is not None
-        calls.append(seen["n"])
-        if len(calls) <= 2:
-            put(store, "k", {"n": seen["n"] * 10})  # another writer wins, twice
-        return Plan(seen["n"], {"k": Write({"n": seen["n"] + 1})})
+    fn = _bump_losing(store, calls, races=2)
 
     slept: list[float] = []
 
