@@ -73,7 +73,7 @@ STORE_ROUND_TRIPS = Counter(
 STORE_CONFLICTS = Counter(
     "loopstop_store_conflicts_total",
     "Redis compare-and-sets that found a document changed since it was read "
-    "(the transaction read again and re-ran).",
+    "(the transaction re-ran on the current documents).",
 )
 MODEL_TOKENS = Counter(
     "loopstop_model_tokens_total", "Tokens the upstream model reported through the gate."

@@ -131,6 +131,20 @@ class Plan(Generic[T]):
     increments: dict[str, Increment] = field(default_factory=dict)
     unchecked: set[str] = field(default_factory=set)
 
+    def check(self) -> None:
+        """Refuse a plan no store can apply safely (stores call this before applying).
+
+        :raises RuntimeError: a key both written and incremented or left
+            unchecked; increments without a document of the plan's own (a
+            commit whose answer timed out could not be recognized, and would
+            be applied twice).
+        """
+        for key in self.writes:
+            if key in self.unchecked or key in self.increments:
+                raise RuntimeError(f"transaction wrote {key!r}, which it left unchecked")
+        if self.increments and not self.writes:
+            raise RuntimeError("a plan with increments must also write a document")
+
     def committed(self) -> T:
         """Run the ``on_commit`` callbacks and return the result (stores call this)."""
         for callback in self.on_commit:

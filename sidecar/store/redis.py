@@ -113,17 +113,10 @@ class RedisStore(Store):
             for _attempt in range(self.max_retries):
                 reads = _Reads(self, seed, guessing)
                 reads.load(declared)
-                try:
-                    plan = fn(Snapshot(reads.docs, reads.load))
-                except Exception:
-                    if not guessing:
-                        raise
-                    plan = None  # decided on a guess: decide again on what is stored
-                if guessing and (plan is None or plan.unchecked):
-                    # Keys read unchecked are never compared: they must be real.
+                plan = _decide(fn, reads)
+                if plan is None:  # not to be decided on a guess: read what is stored
                     seed, guessing = None, False
                     continue
-                assert plan is not None
                 quiet = not (plan.writes or plan.index or plan.trims or plan.increments)
                 if quiet and not guessing and reads.snapshots <= 1:
                     return plan.committed()  # read at one instant: consistent as it is
@@ -186,9 +179,7 @@ class RedisStore(Store):
         """Run ``cas.lua``: None when the plan was applied; otherwise nothing
         was written and the answer is the current raw value of every compared
         document (those ``raw`` holds, less the plan's unchecked keys)."""
-        if plan.increments and not plan.writes:
-            # Nothing of its own to look for after a timeout: it could apply twice.
-            raise RuntimeError("a plan with increments must also write a document")
+        plan.check()
         doc_keys = [k for k in raw if k not in plan.unchecked]
         position = {k: i + 1 for i, k in enumerate(doc_keys)}
         serialized = self._serialized(plan)
@@ -196,10 +187,8 @@ class RedisStore(Store):
         values: list[str] = []  # ARGV after the plan: the new documents
         first_value = len(doc_keys) + 3  # ARGV position of the first of them
         for key, write in plan.writes.items():
-            if key in plan.increments:
-                raise RuntimeError(f"transaction wrote {key!r}, which it increments")
             if key not in position:
-                raise RuntimeError(f"transaction wrote {key!r} without reading it (or unchecked)")
+                raise RuntimeError(f"transaction wrote {key!r} without reading it")
             value = serialized[key]
             if value is None:
                 writes.append([position[key], None, _ttl_ms(write.ttl_s)])
@@ -346,6 +335,22 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _decide(fn: TxnFn[T], reads: _Reads) -> Plan[T] | None:
+    """``fn`` on what the attempt read; None when that was a guess the plan
+    cannot stand on: ``fn`` raised on it (the error may not be the answer),
+    or the plan reads keys unchecked (the compare-and-set never checks them).
+
+    :raises Exception: what ``fn`` raised on values actually read.
+    """
+    try:
+        plan = fn(Snapshot(reads.docs, reads.load))
+    except Exception:
+        if reads.guessing:
+            return None
+        raise
+    return None if reads.guessing and plan.unchecked else plan
 
 
 class _Reads:

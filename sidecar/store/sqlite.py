@@ -258,23 +258,14 @@ class SQLiteStore(Store):
     def _apply(
         conn: sqlite3.Connection, plan: Plan[Any], read: dict[str, Doc | None], now: float
     ) -> None:
+        plan.check()
         for key, write in plan.writes.items():
             if key not in read:
                 raise RuntimeError(f"transaction wrote {key!r} without reading it")
-            if key in plan.unchecked or key in plan.increments:
-                raise RuntimeError(f"transaction wrote {key!r}, which it left unchecked")
             if write.doc is None:
                 conn.execute("DELETE FROM kv WHERE key = ?", (key,))
             else:
-                expires = None if write.ttl_s is None else now + write.ttl_s
-                conn.execute(
-                    "INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc, "
-                    "expires_at = excluded.expires_at",
-                    (key, encode_doc(write.doc), expires),
-                )
-        if plan.increments and not plan.writes:
-            raise RuntimeError("a plan with increments must also write a document")
+                _put(conn, key, write.doc, None if write.ttl_s is None else now + write.ttl_s)
         for key, inc in plan.increments.items():
             row = conn.execute(
                 "SELECT doc FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
@@ -284,13 +275,7 @@ class SQLiteStore(Store):
             if not isinstance(doc, dict):
                 raise RuntimeError(f"increment target {key!r} is not a JSON object")
             doc[inc.field] = doc.get(inc.field, 0) + inc.delta
-            expires = None if inc.ttl_s is None else now + inc.ttl_s
-            conn.execute(
-                "INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc, "
-                "expires_at = excluded.expires_at",
-                (key, encode_doc(doc), expires),
-            )
+            _put(conn, key, doc, None if inc.ttl_s is None else now + inc.ttl_s)
         for name, below in plan.trims:
             conn.execute("DELETE FROM idx WHERE name = ? AND score < ?", (name, below))
         for entry in plan.index:
@@ -313,3 +298,12 @@ class SQLiteStore(Store):
             (now, limit),
         )
         return cur.rowcount
+
+
+def _put(conn: sqlite3.Connection, key: str, doc: Doc, expires_at: float | None) -> None:
+    """Insert or replace the document at ``key`` (``expires_at``: epoch seconds, None: never)."""
+    conn.execute(
+        "INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, ?) "
+        "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc, expires_at = excluded.expires_at",
+        (key, encode_doc(doc), expires_at),
+    )

@@ -25,6 +25,15 @@
 -- every document's current value (nil when absent), read at one instant, so
 -- the caller re-runs its function on them without reading again.
 
+-- SET with a TTL in milliseconds ("0": none).
+local function put(key, value, ttl_ms)
+  if ttl_ms ~= '0' then
+    redis.call('SET', key, value, 'PX', ttl_ms)
+  else
+    redis.call('SET', key, value)
+  end
+end
+
 local n = tonumber(ARGV[1])
 local current = {0}
 local changed = false
@@ -51,22 +60,14 @@ for _, inc in ipairs(plan['i'] or {}) do
   counted[#counted + 1] = {KEYS[inc[1]], cjson.encode(doc), inc[4]}
 end
 for _, w in ipairs(plan['w']) do
-  local key = KEYS[w[1]]
-  local ttl_ms = w[3]
   if w[2] == cjson.null then
-    redis.call('DEL', key)
-  elseif ttl_ms ~= '0' then
-    redis.call('SET', key, ARGV[w[2]], 'PX', ttl_ms)
+    redis.call('DEL', KEYS[w[1]])
   else
-    redis.call('SET', key, ARGV[w[2]])
+    put(KEYS[w[1]], ARGV[w[2]], w[3])
   end
 end
 for _, c in ipairs(counted) do
-  if c[3] ~= '0' then
-    redis.call('SET', c[1], c[2], 'PX', c[3])
-  else
-    redis.call('SET', c[1], c[2])
-  end
+  put(c[1], c[2], c[3])
 end
 for _, t in ipairs(plan['t'] or {}) do
   redis.call('ZREMRANGEBYSCORE', KEYS[n + t[1]], '-inf', '(' .. t[2])
