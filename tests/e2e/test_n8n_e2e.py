@@ -17,10 +17,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 import requests
@@ -28,10 +26,12 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+sys.path.insert(0, str(HERE.parents[1] / "workflows-examples" / "stand-in"))
+
 from fake_llm import FakeLLM  # noqa: E402
 from fake_llm import serve as serve_fake_llm  # noqa: E402
-from local_http import JsonHandler, running  # noqa: E402
 from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
+from records import Records, serving  # noqa: E402
 from test_serve import Sidecar  # noqa: E402
 
 from conftest import free_port  # noqa: E402
@@ -43,54 +43,6 @@ TOKEN = "e2e-n8n-token-0123456789"
 MAX_DEPTH = 3
 MAX_SAME_CALL = 2
 AGENT_MAX_ITERATIONS = 10
-
-
-class Records:
-    """The system of record's data: CRM orders (duplicates kept) and ticket notes."""
-
-    def __init__(self) -> None:
-        self.orders: list[dict[str, Any]] = []
-        self.notes: list[dict[str, Any]] = []
-        self.slow_orders: set[str] = set()
-        self.work: list[dict[str, Any]] = []
-
-
-def _records_handler(data: Records) -> type[BaseHTTPRequestHandler]:
-    class Handler(JsonHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _body(self) -> dict[str, Any]:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            return json.loads(raw or b"{}")
-
-        def do_POST(self) -> None:
-            path = urlsplit(self.path).path
-            body = self._body()
-            if path == "/crm/orders":
-                order = {"id": f"crm-{len(data.orders) + 1}", **body}
-                data.orders.append(order)
-                if str(body.get("order_id")) in data.slow_orders:
-                    time.sleep(4)  # committed, but the caller times out first
-                return self._json(201, order)
-            if path == "/notes":
-                note = {"id": f"note-{len(data.notes) + 1}", **body}
-                data.notes.append(note)
-                return self._json(201, note)
-            return self._json(404, {"error": "no such route"})
-
-        def do_GET(self) -> None:
-            parts = urlsplit(self.path)
-            if parts.path == "/crm/orders":
-                wanted = parse_qs(parts.query).get("order_id", [""])[0]
-                found = [o for o in data.orders if str(o.get("order_id")) == wanted]
-                return self._json(200, {"found": bool(found), "orders": found})
-            if parts.path.startswith("/notes/"):
-                task_id = unquote(parts.path.removeprefix("/notes/"))
-                notes = [n for n in data.notes if n.get("task_id") == task_id]
-                return self._json(200, {"count": len(notes), "notes": notes})
-            return self._json(404, {"error": "no such route"})
-
-    return Handler
 
 
 @dataclass
@@ -139,25 +91,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     package = build_node_package()
     with ExitStack() as stack:
         records = Records()
-        records_base = stack.enter_context(running(_records_handler(records)))
+        records_base = stack.enter_context(serving(records))
         llm = stack.enter_context(serve_fake_llm())
 
+        # The examples' own configuration, with the loopback addresses rewritten
+        # and the upstream model pointed at the fake one.
         config = work / "loopstop.yaml"
         config.write_text(
-            "tokens:\n"
-            "  - {name: n8n, env: LOOPSTOP_TOKEN_N8N, workflows: ['*']}\n"
-            f"chains:\n  default: {{max_depth: {MAX_DEPTH}}}\n"
-            "model_gate:\n"
-            f"  upstream_url: {llm.base}\n"
-            "  api_key_env: E2E_UPSTREAM_KEY\n"
-            "  timeout_s: 20\n"
-            "checks:\n"
-            "  note_created:\n"
-            "    kind: http\n"
-            "    method: GET\n"
-            f"    url: '{records_base}/notes/{{task_id}}'\n"
-            "    expect_status: [200]\n"
-            "    assert: ['count > `0`']\n"
+            (EXAMPLES / "loopstop.yaml")
+            .read_text()
+            .replace("http://127.0.0.1:8790", records_base)
+            .replace("https://api.openai.com/v1", llm.base)
+            .replace("OPENAI_API_KEY", "E2E_UPSTREAM_KEY")
         )
         sidecar = Sidecar(
             work,
