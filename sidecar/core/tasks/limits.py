@@ -114,7 +114,8 @@ LIMITS: tuple[LimitRule, ...] = (
     LimitRule(
         "max_idle",
         "no_progress",
-        "results without a higher validated revision (ends at the N-th)",
+        "idle results: evidence not above the validated revision, a result seen before, "
+        "a failed check or exit (the N-th ends the task)",
         "per task",
         True,
         True,
@@ -122,7 +123,7 @@ LIMITS: tuple[LimitRule, ...] = (
     LimitRule(
         "max_cycle_repeats",
         "cycle",
-        "repeats of one block of 2+ calls in a row (ends at the N-th)",
+        "repeats in a row of one block of 2+ calls (the N-th repeat ends the task)",
         "per revision",
         True,
         True,
@@ -131,7 +132,7 @@ LIMITS: tuple[LimitRule, ...] = (
     LimitRule(
         "max_unchanged_polls",
         "poll_stalled",
-        "identical poll results (ends at the N-th)",
+        "unchanged poll results (the N-th ends the task)",
         "in a row",
         True,
         True,
