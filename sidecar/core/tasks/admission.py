@@ -42,7 +42,7 @@ Times are epoch seconds; every function takes ``now``; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
@@ -58,6 +58,7 @@ from sidecar.core.tasks.outcomes import (
 )
 from sidecar.core.tasks.state import (
     CALL_HISTORY,
+    IDENTICAL_CALLS_KEPT,
     PRINT_DIGITS,
     CallKind,
     CallRecord,
@@ -290,6 +291,8 @@ def _cycle(task: Task, key: str) -> bool:
     ``max_cycle_repeats`` times in a row at the current revision, in the
     current run (A,B,A,B,A,B or A,B,C,A,B,C,...)."""
     repeats = task.limits.max_cycle_repeats
+    if task.identical_calls.get(key, 0) < repeats - 1:
+        return False  # the block ends with key: key ran repeats - 1 times at this revision already
     seq = [
         c.key
         for c in task.calls
@@ -343,6 +346,15 @@ def _record(ask: _Ask, status: CallStatus) -> Task:
     )
 
 
+def _counted(counts: Mapping[str, int], key: str) -> dict[str, int]:
+    """``counts`` with one more execution of ``key``, at most
+    :data:`IDENTICAL_CALLS_KEPT` keys (the oldest dropped)."""
+    out = {**counts, key: counts.get(key, 0) + 1}
+    while len(out) > IDENTICAL_CALLS_KEPT:
+        del out[next(iter(out))]
+    return out
+
+
 def _admit(ask: _Ask) -> _Answer:
     call = ask.call
     task = _record(ask, CallStatus.PENDING)
@@ -356,9 +368,7 @@ def _admit(ask: _Ask) -> _Answer:
             polls=u.polls + (1 if poll else 0),
             per_tool={**u.per_tool, call.tool: u.per_tool.get(call.tool, 0) + 1},
         ),
-        identical_calls=task.identical_calls
-        if poll
-        else {**task.identical_calls, ask.key: task.identical_calls.get(ask.key, 0) + 1},
+        identical_calls=task.identical_calls if poll else _counted(task.identical_calls, ask.key),
         first_poll_at=(task.first_poll_at or ask.now) if poll else task.first_poll_at,
     )
     new_op = ask.write.operation if ask.write is not None else None

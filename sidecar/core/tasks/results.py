@@ -112,7 +112,7 @@ def record_result(
     if call.status is not CallStatus.PENDING:
         raise StateConflict(f"call {call_id!r} already has a result ({call.status})")
     calls = tuple(
-        replace(c, status=CallStatus(res.status)) if c.call_id == call_id else c for c in task.calls
+        c._replace(status=CallStatus(res.status)) if c.call_id == call_id else c for c in task.calls
     )
     task = replace(task, calls=calls, updated_at=now)
     kind = call.kind

@@ -11,13 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from sidecar.core.tasks.limits import TaskLimits, from_micros
 from sidecar.core.tasks.outcomes import EndReason, NextAction, TaskStatus
 
 #: How many calls a task remembers (cycle detection and call ids look back this far).
 CALL_HISTORY = 200
+
+#: How many identical-call keys a task keeps at most (the oldest go first). A
+#: task that makes more distinct calls than this at one revision forgets the
+#: oldest; a task that progresses drops lower revisions' keys anyway.
+IDENTICAL_CALLS_KEPT = 500
 
 #: Fingerprint digits kept in a task's history (64 bits: distinct calls of one
 #: task never collide in practice, and the task document stays small).
@@ -74,6 +79,10 @@ class Evidence:
     effect: Effect | None = None
 
 
+_KINDS: dict[str, CallKind] = {str(k): k for k in CallKind}
+_STATUSES: dict[str, CallStatus] = {str(s): s for s in CallStatus}
+
+
 def identity(tool: str, args_fp: str, revision: int) -> str:
     """The identical-call key: tool and argument fingerprint at a revision
     (the reference runners' ``payload@revision``)."""
@@ -84,9 +93,9 @@ def identity_revision(key: str) -> int:
     return int(key.rpartition("@")[2])
 
 
-@dataclass(frozen=True)
-class CallRecord:
-    """One admitted call in a task's history.
+class CallRecord(NamedTuple):
+    """One admitted call in a task's history (a named tuple: a task reads back
+    up to :data:`CALL_HISTORY` of them on every call).
 
     :ivar fp: the first :data:`PRINT_DIGITS` of the arguments' fingerprint.
     :ivar rev: the validated revision the call was admitted at.
@@ -128,16 +137,17 @@ class CallRecord:
     def from_doc(cls, doc: Mapping[str, Any], attempt: int) -> CallRecord:
         """A history entry; older entries carried ``sig`` (``tool|fp|rev``) instead of ``fp``."""
         fp = doc.get("fp") or str(doc.get("sig", "||")).split("|")[1]
+        # Enum lookups by value map, not by calling the enum: this runs for every entry.
         return cls(
-            call_id=doc["call_id"],
-            tool=doc["tool"],
-            kind=CallKind(doc["kind"]),
-            fp=fp,
-            rev=int(doc.get("rev") or 0),
-            status=CallStatus(doc["status"]),
-            at=float(doc["at"]),
-            attempt=int(doc.get("attempt", attempt)),
-            operation_id=doc.get("operation_id"),
+            doc["call_id"],
+            doc["tool"],
+            _KINDS[doc["kind"]],
+            fp,
+            doc.get("rev") or 0,
+            _STATUSES[doc["status"]],
+            doc["at"],
+            doc.get("attempt", attempt),
+            doc.get("operation_id"),
         )
 
 
