@@ -427,7 +427,18 @@ def test_money_budget_reserves_then_settles_and_never_overspends(make_app: AppFa
 
 
 def test_loosening_the_money_budget_needs_an_admin(make_app: AppFactory) -> None:
-    api = Api(make_app(limits={"max_cost": 2.0}).test_client())
+    api = Api(
+        make_app(
+            limits={"max_cost": 2.0}, policies={"cheap": {"limits": {"max_cost": 0.5}}}
+        ).test_client()
+    )
+    assert Agent(api, policy="cheap").id
+    cheap = api.post("/v1/tasks", {"workflow": "wf-sheets", "policy": "cheap"})[1]
+    assert cheap["task"]["limits"]["max_cost"] == 0.5
+    status, _ = api.post(
+        "/v1/tasks", {"workflow": "wf-sheets", "policy": "cheap", "limits": {"max_cost": 1.0}}
+    )
+    assert status == 403
     status, out = api.post("/v1/tasks", {"workflow": "wf-sheets", "limits": {"max_cost": 5}})
     assert status == 403 and "max_cost" in out["detail"]
     assert Agent(api, limits={"max_cost": 1.5}).id
