@@ -725,7 +725,10 @@ def test_a_document_of_the_previous_layout_still_reads() -> None:
     }  # fmt: skip
     task = Task.from_doc(old)
     assert task is not None and task.validated_revision == 0
-    assert task.calls[0].fp == "00ff00ff00ff00ff" and task.calls[0].rev == 0
+    call = task.call("k1")
+    assert call is not None and (call.fp, call.rev, call.attempt) == ("00ff00ff00ff00ff", 0, 1)
+    assert task.history() == (call,)
+    assert core.record_result(task, "k1", ToolResult(ResultStatus.OK, fp(1), 1), None, NOW)[2]
 
 
 # -- limits: one definition, resolution, loosening, the README table -----------------------

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
 from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write
@@ -57,7 +58,6 @@ from sidecar.core.tasks.outcomes import (
     ToolOutcome,
 )
 from sidecar.core.tasks.state import (
-    CALL_HISTORY,
     IDENTICAL_CALLS_KEPT,
     PRINT_DIGITS,
     CallKind,
@@ -243,8 +243,8 @@ def _rule_ledger(ask: _Ask) -> _Answer | None:
     if w.denies is not None:
         return ask.task, None, ToolOutcome(ToolDecision.DENY, w.denies, None, w.record)
     if w.replay:
-        task = _record(ask, CallStatus.REPLAYED)
-        task = replace(task, used=replace(task.used, replays=task.used.replays + 1))
+        used = replace(ask.task.used, replays=ask.task.used.replays + 1)
+        task = _record(ask, CallStatus.REPLAYED, used=used)
         return task, None, ToolOutcome(ToolDecision.REPLAY, None, ask.call.call_id, w.record)
     return None
 
@@ -295,7 +295,7 @@ def _cycle(task: Task, key: str) -> bool:
         return False  # the block ends with key: key ran repeats - 1 times at this revision already
     seq = [
         c.key
-        for c in task.calls
+        for c in task.history()
         if c.kind is not CallKind.POLL
         and not c.replayed
         and c.rev == task.validated_revision
@@ -325,7 +325,8 @@ TOOL_RULES: tuple[Callable[[_Ask], _Answer | None], ...] = (
 )
 
 
-def _record(ask: _Ask, status: CallStatus) -> Task:
+def _record(ask: _Ask, status: CallStatus, **changes: Any) -> Task:
+    """The task with the call in its history (and ``changes``)."""
     task, call = ask.task, ask.call
     entry = CallRecord(
         call_id=call.call_id,
@@ -342,7 +343,7 @@ def _record(ask: _Ask, status: CallStatus) -> Task:
     if call.operation is not None:
         operations = tuple(dict.fromkeys((*operations, call.operation.operation_id)))
     return replace(
-        task, calls=(*task.calls, entry)[-CALL_HISTORY:], operations=operations, updated_at=ask.now
+        task, calls=task.calls_with(entry), operations=operations, updated_at=ask.now, **changes
     )
 
 
@@ -356,12 +357,12 @@ def _counted(counts: Mapping[str, int], key: str) -> dict[str, int]:
 
 
 def _admit(ask: _Ask) -> _Answer:
-    call = ask.call
-    task = _record(ask, CallStatus.PENDING)
+    call, task = ask.call, ask.task
     u = task.used
     poll = call.kind is CallKind.POLL
-    task = replace(
-        task,
+    task = _record(
+        ask,
+        CallStatus.PENDING,
         used=replace(
             u,
             tool_calls=u.tool_calls + 1,

@@ -28,6 +28,18 @@ def from_micros(micros: int) -> float:
     return micros / MICROS
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """The field names of a dataclass, in order (asked on every document read
+    and write, so looked up once)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 @dataclass(frozen=True)
 class TaskLimits:
     """Resolved limits of one task (configuration, then policy, then the request).
@@ -55,13 +67,13 @@ class TaskLimits:
 
     def to_doc(self) -> dict[str, Any]:
         """The stored (and shown) form: scalars plus a copy of ``per_tool``."""
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {name: getattr(self, name) for name in field_names(type(self))}
         doc["per_tool"] = dict(self.per_tool)
         return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> TaskLimits:
-        known = {f.name for f in fields(cls)}
+        known = field_names(cls)
         return cls(**{k: v for k, v in doc.items() if k in known})
 
     @property

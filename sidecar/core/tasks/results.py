@@ -111,10 +111,9 @@ def record_result(
         raise NotFound(f"no call {call_id!r} in task {task.task_id!r}")
     if call.status is not CallStatus.PENDING:
         raise StateConflict(f"call {call_id!r} already has a result ({call.status})")
-    calls = tuple(
-        c._replace(status=CallStatus(res.status)) if c.call_id == call_id else c for c in task.calls
+    task = replace(
+        task, calls=task.calls_with_status(call_id, CallStatus(res.status)), updated_at=now
     )
-    task = replace(task, calls=calls, updated_at=now)
     kind = call.kind
 
     # 2

@@ -9,11 +9,11 @@ read back with that field's default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from sidecar.core.tasks.limits import TaskLimits, from_micros
+from sidecar.core.tasks.limits import TaskLimits, field_names, from_micros
 from sidecar.core.tasks.outcomes import EndReason, NextAction, TaskStatus
 
 #: How many calls a task remembers (cycle detection and call ids look back this far).
@@ -179,13 +179,13 @@ class Used:
         return from_micros(self.reserved_micros)
 
     def to_doc(self) -> dict[str, Any]:
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {name: getattr(self, name) for name in field_names(type(self))}
         doc["per_tool"] = dict(self.per_tool)
         return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Used:
-        known = {f.name for f in fields(cls)}
+        known = field_names(cls)
         return cls(**{k: v for k, v in doc.items() if k in known})
 
 
@@ -238,7 +238,11 @@ class Envelope:
 class Task:
     """The guarded task.
 
-    :ivar calls: the recent call history, oldest first (at most :data:`CALL_HISTORY`).
+    :ivar calls: the recent call history, oldest first (at most :data:`CALL_HISTORY`),
+        as stored: read it typed with :meth:`call` and :meth:`history`, change
+        it through :meth:`calls_with` and :meth:`calls_with_status` (a task reads
+        back its whole history on every call; only what a rule looks at is
+        parsed).
     :ivar identical_calls: executions per identical call (:func:`identity`), over
         the whole task; keys below the validated revision are dropped (they
         can never match again: revisions only rise).
@@ -262,7 +266,7 @@ class Task:
     initial_revision: int = 0
     validated_revision: int = 0
     last_good: Any = None
-    calls: tuple[CallRecord, ...] = ()
+    calls: tuple[Mapping[str, Any], ...] = ()
     identical_calls: Mapping[str, int] = field(default_factory=dict)
     results_seen: tuple[str, ...] = ()
     last_poll: str | None = None
@@ -279,14 +283,33 @@ class Task:
 
     def call(self, call_id: str) -> CallRecord | None:
         """The call ``call_id`` of the history, if it is there."""
-        return next((c for c in reversed(self.calls) if c.call_id == call_id), None)
+        for doc in reversed(self.calls):
+            if doc["call_id"] == call_id:
+                return CallRecord.from_doc(doc, self.attempt)
+        return None
+
+    def history(self) -> tuple[CallRecord, ...]:
+        """The call history, oldest first."""
+        return tuple(CallRecord.from_doc(doc, self.attempt) for doc in self.calls)
+
+    def calls_with(self, record: CallRecord) -> tuple[Mapping[str, Any], ...]:
+        """The history with ``record`` appended (the oldest dropped past
+        :data:`CALL_HISTORY`)."""
+        return (*self.calls, record.to_doc())[-CALL_HISTORY:]
+
+    def calls_with_status(self, call_id: str, status: CallStatus) -> tuple[Mapping[str, Any], ...]:
+        """The history with the status of call ``call_id`` changed."""
+        return tuple(
+            {**doc, "status": str(status)} if doc["call_id"] == call_id else doc
+            for doc in self.calls
+        )
 
     def to_doc(self) -> dict[str, Any]:
         """The stored document (JSON types only)."""
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {name: getattr(self, name) for name in field_names(type(self))}
         doc["limits"] = self.limits.to_doc()
         doc["used"] = self.used.to_doc()
-        doc["calls"] = [c.to_doc() for c in self.calls]
+        doc["calls"] = list(self.calls)
         doc["identical_calls"] = dict(self.identical_calls)
         for name in ("results_seen", "operations", "resumes"):
             doc[name] = list(getattr(self, name))
@@ -299,12 +322,11 @@ class Task:
         """The task of a stored document (None for None)."""
         if doc is None:
             return None
-        known = {f.name for f in fields(cls)}
+        known = field_names(cls)
         d = {k: v for k, v in doc.items() if k in known}
         d["limits"] = TaskLimits.from_doc(d["limits"])
         d["used"] = Used.from_doc(d["used"])
-        attempt = int(d["attempt"])
-        d["calls"] = tuple(CallRecord.from_doc(c, attempt) for c in d.get("calls", ()))
+        d["calls"] = tuple(d.get("calls", ()))
         d["identical_calls"] = dict(d.get("identical_calls") or {})
         d["validated_revision"] = int(d.get("validated_revision") or 0)
         for name in ("results_seen", "operations", "resumes"):
