@@ -366,6 +366,13 @@ FIRES: list[tuple[str, TaskLimits, list[tuple[Any, ...]], int, EndReason]] = [
         R.UNKNOWN_COMMIT,
     ),
     (
+        "unknown commit: done by a write that did not happen",
+        L(),
+        [("write", "save", {"v": 1}, "w1"), ("ok", {"done": True, "effect": "not_committed"})],
+        1,
+        R.UNKNOWN_COMMIT,
+    ),
+    (
         "retry after commit: a retryable write not proven absent",
         L(),
         [("write", "save", {"v": 1}, "w1"), ("retryable", {})],

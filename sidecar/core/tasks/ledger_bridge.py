@@ -96,7 +96,8 @@ def settle_write(
 
     In this order: a tool check that could not confirm the write, or
     evidence ``effect: unknown`` -> ``unknown``, ``unknown_commit``; evidence
-    ``effect: none`` on a write -> ``unknown``, ``invalid_evidence``; ``ok``
+    ``effect: none`` on a write -> ``unknown``, ``invalid_evidence``; ``done``
+    with ``effect: not_committed`` -> ``unknown``, ``unknown_commit``; ``ok``
     with a receipt -> ``committed`` (without one -> ``unknown``,
     ``unknown_commit``); a lost response -> ``unknown``, ``unknown_commit``;
     ``effect: not_committed`` -> ``not_committed`` (a retry may execute);
@@ -120,6 +121,9 @@ def settle_write(
             return fail(FailOutcome.UNKNOWN, "effect unknown", EndReason.UNKNOWN_COMMIT)
         if effect is Effect.NONE:
             return fail(FailOutcome.UNKNOWN, "effect none on a write", EndReason.INVALID_EVIDENCE)
+        if evidence is not None and evidence.done and effect is Effect.NOT_COMMITTED:
+            # "done" by a write that did not happen: nobody knows what did.
+            return fail(FailOutcome.UNKNOWN, "done but not committed", EndReason.UNKNOWN_COMMIT)
         if status is ResultStatus.OK and effect is not Effect.NOT_COMMITTED:
             if receipt is None:
                 return fail(FailOutcome.UNKNOWN, "ok without a receipt", EndReason.UNKNOWN_COMMIT)

@@ -128,7 +128,7 @@ LIMITS: tuple[LimitRule, ...] = (
         "no_progress",
         "idle results: evidence not above the validated revision, a result seen before, "
         "a failed check or exit (the N-th ends the task)",
-        "per task",
+        "since the last progress",
         True,
         True,
     ),

@@ -14,7 +14,8 @@
    ``unknown_commit`` (a write);
 7. the write's settlement ends the task: ``effect: unknown``, a lost
    response or an ``ok`` without receipt -> ``unknown_commit``; ``effect:
-   none`` -> ``invalid_evidence``; a retryable write not proven
+   none`` -> ``invalid_evidence``; ``done`` with ``effect: not_committed`` ->
+   ``unknown_commit`` (as the reference runners decide); a retryable write not proven
    ``not_committed`` -> ``retry_after_commit``;
 8. a cursor check that found a cycle -> ``cycle``;
 9. ``fatal`` -> ``fatal_result``; ``needs_human`` -> ``human_input``;
