@@ -554,3 +554,30 @@ def test_concurrent_admissions_never_overshoot_the_budget(make_app: AppFactory) 
     task = api.get(a.base)[1]
     assert task["task"]["used"]["tool_calls"] == 5
     assert task["envelope"]["reason"] == "tool_budget"
+
+
+def test_concurrent_reservations_never_overspend_the_money_budget(make_app: AppFactory) -> None:
+    """Reservations live in the task's one document: 16 turns at once, each
+    reserving 0.1 of a 0.5 budget, admit exactly 5."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sidecar.auth import Principal
+
+    app = make_app()
+    api = Api(app.test_client())
+    a = Agent(api, token=ADMIN_TOKEN, limits={"max_cost": 0.5, "max_model_calls": 100})
+    tasks = app.extensions["loopstop"].tasks
+    who = Principal("n8n", None, False)
+    barrier = threading.Barrier(16)
+
+    def turn(_: int) -> bool:
+        barrier.wait()
+        return bool(tasks.model_call(who, "p", a.id, None, reserve_cost=0.1)[1].admitted)
+
+    with ThreadPoolExecutor(16) as pool:
+        admitted = list(pool.map(turn, range(16)))
+    assert admitted.count(True) == 5
+    task = api.get(a.base)[1]
+    assert task["task"]["used"]["reserved_cost"] == 0.5
+    assert task["envelope"]["reason"] == "cost_budget"

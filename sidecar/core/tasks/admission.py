@@ -170,7 +170,6 @@ class ToolCall:
 class _Ask:
     task: Task
     call: ToolCall
-    op: Operation | None
     write: WriteAdmission | None
     now: float
     stopped: EndReason | None
@@ -394,7 +393,7 @@ def admit_tool_call(
     write = None
     if call.kind is CallKind.WRITE and call.operation is not None and task.envelope is None:
         write = admit_write(op, call.operation, op_policy, now)
-    ask = _Ask(task, call, op, write, now, stopped)
+    ask = _Ask(task, call, write, now, stopped)
     for rule in TOOL_RULES:
         answer = rule(ask)
         if answer is not None:
