@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sidecar.core.tasks.limits import TaskLimits
 from sidecar.errors import ConfigError
 
 DEFAULT_STORE_URL = "sqlite:///./loopstop.db"
@@ -55,22 +56,35 @@ class TokenConfig(_Section):
     admin: bool = False
 
 
-class Limits(_Section):
-    """Task-wide limits (DESIGN §3); every field optional in a policy or a task."""
+_TASK = TaskLimits()
+MaxRetries = Annotated[int, Field(ge=0, le=1000)]
+MaxTokens = Annotated[int, Field(ge=1, le=10**10)]
+Ratio = Annotated[float, Field(gt=0, le=1)]
+Money = Annotated[float, Field(gt=0, le=1e9)]
 
-    max_model_calls: Count = 20
-    max_tool_calls: Count = 30
+
+class Limits(_Section):
+    """Task-wide limits (DESIGN §3). The defaults are the core's
+    (:class:`sidecar.core.tasks.TaskLimits`); this section validates into it."""
+
+    max_model_calls: Count = _TASK.max_model_calls
+    max_tool_calls: Count = _TASK.max_tool_calls
     per_tool: dict[str, Count] = {}
-    max_same_call: Count = 2
-    max_idle: Count = 3
-    max_cycle_repeats: Repeats = 3
-    max_polls: Count = 30
-    max_unchanged_polls: Count = 5
-    max_retries: Annotated[int, Field(ge=0, le=1000)] = 3
-    deadline_s: Seconds = 900
-    poll_deadline_s: Seconds = 600
-    max_tokens: Annotated[int, Field(ge=1, le=10**10)] = 200_000
-    wrap_up_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
+    max_same_call: Count = _TASK.max_same_call
+    max_idle: Count = _TASK.max_idle
+    max_cycle_repeats: Repeats = _TASK.max_cycle_repeats
+    max_polls: Count = _TASK.max_polls
+    max_unchanged_polls: Count = _TASK.max_unchanged_polls
+    max_retries: MaxRetries = _TASK.max_retries
+    deadline_s: Seconds = _TASK.deadline_s
+    poll_deadline_s: Seconds = _TASK.poll_deadline_s
+    max_tokens: MaxTokens = _TASK.max_tokens
+    max_cost: Money | None = _TASK.max_cost
+    wrap_up_ratio: Ratio = _TASK.wrap_up_ratio
+
+    def to_core(self) -> TaskLimits:
+        """These limits as the core's :class:`~sidecar.core.tasks.TaskLimits`."""
+        return TaskLimits.from_doc(self.model_dump())
 
 
 class LimitsOverride(_Section):
@@ -84,11 +98,12 @@ class LimitsOverride(_Section):
     max_cycle_repeats: Repeats | None = None
     max_polls: Count | None = None
     max_unchanged_polls: Count | None = None
-    max_retries: Annotated[int, Field(ge=0, le=1000)] | None = None
+    max_retries: MaxRetries | None = None
     deadline_s: Seconds | None = None
     poll_deadline_s: Seconds | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=10**10)] | None = None
-    wrap_up_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_tokens: MaxTokens | None = None
+    max_cost: Money | None = None
+    wrap_up_ratio: Ratio | None = None
 
 
 class PolicyConfig(_Section):

@@ -84,8 +84,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 def _known_reasons() -> frozenset[str]:
     from sidecar.checks import CheckReason
+    from sidecar.core import tasks
     from sidecar.core.gate import ActivationDecision, ActivationReason
-    from sidecar.core.guard import EndReason, ResultStatus, TaskStatus, ToolDecision
     from sidecar.core.operations import (
         BeginDecision,
         BeginReason,
@@ -98,10 +98,7 @@ def _known_reasons() -> frozenset[str]:
         CheckReason,
         ActivationDecision,
         ActivationReason,
-        EndReason,
-        ResultStatus,
-        TaskStatus,
-        ToolDecision,
+        *tasks.DECISION_ENUMS,
         BeginDecision,
         BeginReason,
         FailOutcome,
@@ -121,16 +118,7 @@ def label(value: str) -> str:
     if _KNOWN is None:
         _KNOWN = _known_reasons() | {
             "",
-            "admit",
-            "deny",
             "untracked",
-            "recorded",
-            "ended",
-            "completed",
-            "continue",
-            "check_failed",
-            "created",
-            "existing",
             "registered",
             "stopped",
             "resumed",
@@ -138,7 +126,6 @@ def label(value: str) -> str:
             "failed",
             "logged_in",
             "wrap_up",
-            "in_progress",
         }
     return value if value in _KNOWN else "other"
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, AppFactory, Clock
-from sidecar.core.guard import EndReason
+from sidecar.core.tasks import EndReason
 
 REACHED: set[str] = set()
 
@@ -129,20 +129,32 @@ def test_operation_conflict(api: Api) -> None:
     )
 
 
-def test_a_committed_write_asked_for_again_and_again_is_a_loop(api: Api) -> None:
-    """A replay executes nothing, but a model that keeps asking for the same
-    committed write is looping: replayed while under ``max_same_call``, then
-    ``same_call`` like any identical call (an n8n agent otherwise runs to
-    Max Iterations on replays)."""
-    a = Agent(api, limits={"max_same_call": 2})
+def test_a_committed_write_asked_for_again_is_replayed_and_bounded_by_the_model_budget(
+    api: Api,
+) -> None:
+    """A replay executes nothing, so it is exempt from the identical-call rule
+    and spends no tool budget (as the reference runners count); a model that
+    keeps asking for it is bounded by its model turns."""
+    a = Agent(api, limits={"max_same_call": 2, "max_model_calls": 4, "max_tool_calls": 2})
     note = {"note": "again"}
+    assert a.model()["decision"] == "admit"
     first = a.call("create_note", note, kind="write", operation_id="note:1")
     assert first["decision"] == "execute"
     a.result(first, result={"id": "n1"}, receipt={"id": "n1"})
-    again = a.call("create_note", note, kind="write", operation_id="note:1")
-    assert (again["decision"], again["receipt"]) == ("replay", {"id": "n1"})
-    assert again["envelope"] is None
-    ended(a.call("create_note", note, kind="write", operation_id="note:1"), "partial", "same_call")
+    for _ in range(3):
+        assert a.model()["decision"] == "admit"
+        again = a.call("create_note", note, kind="write", operation_id="note:1")
+        assert (again["decision"], again["receipt"], again["envelope"]) == (
+            "replay",
+            {"id": "n1"},
+            None,
+        )
+    used = api.get(a.base)[1]["task"]["used"]
+    assert (used["tool_calls"], used["replays"]) == (1, 3)
+    out = a.model()
+    assert out["decision"] == "deny"
+    ended(out, "partial", "model_budget")
+    assert a.call("create_note", note, kind="write", operation_id="note:1")["decision"] == "deny"
 
 
 def test_a_test_task_is_found_from_a_sub_workflow_that_says_production(api: Api) -> None:
@@ -175,31 +187,39 @@ def test_a_test_run_never_reaches_a_production_task(api: Api) -> None:
     assert api.get(a.base)[1]["task"]["status"] == "running"
 
 
-def test_a_re_run_execution_starts_a_new_run_of_its_task(api: Api) -> None:
-    """An execution re-run (Retry, a redelivered webhook) creates the task again
-    under its task_key and asks once more for the write it already made: it is
-    replayed each run. Within one run, the third identical call still ends it."""
+def test_a_re_activation_continues_every_count_and_replays_committed_writes(api: Api) -> None:
+    """Creating the task again under its task_key (an error branch re-entering
+    the flow, a re-fired trigger, an execution re-run) continues the counts:
+    the same read, once per activation, is denied the third time. A committed
+    write asked for again in each activation is replayed. Only a resume
+    starts the identical-call count again."""
     body = {"workflow": "wf-sheets", "task_key": "ticket-9", "limits": {"max_same_call": 2}}
     status, created = api.post("/v1/tasks", body)
     assert status == 201
     base = f"/v1/tasks/{created['task']['task_id']}"
-    call = {"tool": "create_note", "kind": "write", "args": {"n": 1}, "operation_id": "note:9"}
-    first = api.post(base + "/tool-calls", call)[1]
+    write = {"tool": "create_note", "kind": "write", "args": {"n": 1}, "operation_id": "note:9"}
+    read = {"tool": "get_ticket", "kind": "read", "args": {"id": 9}}
+    first = api.post(base + "/tool-calls", write)[1]
     assert first["decision"] == "execute"
     api.post(base + f"/tool-calls/{first['call_id']}/result", {"status": "ok", "receipt": "n1"})
-    for _ in range(4):  # four more runs, one ask each
-        assert api.post("/v1/tasks", body)[0] == 200
-        again = api.post(base + "/tool-calls", call)[1]
-        assert (again["decision"], again["envelope"]) == ("replay", None), again
-    # A loop inside one run is still a loop.
-    assert api.post(base + "/tool-calls", call)[1]["decision"] == "replay"
-    ended(api.post(base + "/tool-calls", call)[1], "partial", "same_call")
+    for activation in range(2):
+        if activation:
+            again = api.post("/v1/tasks", body)
+            assert again[0] == 200 and again[1]["task"]["activations"] == activation + 1
+        assert api.post(base + "/tool-calls", write)[1]["decision"] == "replay"
+        out = api.post(base + "/tool-calls", read)[1]
+        assert out["decision"] == "execute", out
+        api.post(base + f"/tool-calls/{out['call_id']}/result", {"status": "retryable"})
+    assert api.post("/v1/tasks", body)[0] == 200
+    assert api.post(base + "/tool-calls", write)[1]["decision"] == "replay"
+    ended(api.post(base + "/tool-calls", read)[1], "partial", "same_call")
     # Creating an ended task again changes nothing: it stays ended.
     assert api.post("/v1/tasks", body)[1]["envelope"]["reason"] == "same_call"
-    # A resume is a new run too: the same call replays once more.
-    status, _ = api.post(base + "/resume", {"reason": "looked at it"}, token=ADMIN_TOKEN)
-    assert status == 200
-    assert api.post(base + "/tool-calls", call)[1]["decision"] == "replay"
+    # A resume is a new run: the identical-call count starts again, budgets go on.
+    status, resumed = api.post(base + "/resume", {"reason": "looked at it"}, token=ADMIN_TOKEN)
+    assert status == 200 and resumed["task"]["used"]["tool_calls"] == 3
+    assert api.post(base + "/tool-calls", read)[1]["decision"] == "execute"
+    assert api.post(base + "/tool-calls", write)[1]["decision"] == "replay"
 
 
 def test_fatal_result(api: Api) -> None:
@@ -380,7 +400,121 @@ def test_unverified_result_when_the_tools_check_cannot_run(make_app: AppFactory)
     ended(a.result(a.call("lookup", {"id": 1}), result={"id": 1}), "blocked", "unverified_result")
 
 
+def test_money_budget_reserves_then_settles_and_never_overspends(make_app: AppFactory) -> None:
+    """The model gate reserves a turn's worst-case cost and settles the real one;
+    ``max_cost`` comes in ``limits`` and ``used.cost`` shows what was settled."""
+    app = make_app()
+    api = Api(app.test_client())
+    a = Agent(api, limits={"max_cost": 1.0, "wrap_up_ratio": 0.5})
+    assert api.get(a.base)[1]["task"]["limits"]["max_cost"] == 1.0
+    tasks = app.extensions["loopstop"].tasks
+    with app.test_request_context():
+        from sidecar.auth import Principal
+
+        who = Principal("n8n", None, False)
+        task, out = tasks.model_call(who, "p", a.id, None, reserve_cost=0.4)
+        assert out.admitted and not out.wrap_up
+        task, out = tasks.model_call(who, "p", a.id, None, reserve_cost=0.4)
+        assert out.admitted  # 0.8 reserved
+        task, out = tasks.model_call(who, "p", a.id, None, reserve_cost=0.4)
+        assert not out.admitted and str(out.reason) == "cost_budget"  # would pass 1.0
+        assert task.envelope is not None and str(task.envelope.status) == "partial"
+        task = tasks.settle_model_call(who, "p", a.id, 0.4, 0.1, 120)
+        assert (task.used.cost, task.used.reserved_cost, task.used.tokens) == (0.1, 0.4, 120)
+    out = api.get(a.base)[1]
+    assert out["task"]["used"]["cost"] == 0.1 and out["envelope"]["used"]["cost"] == 0.0
+    REACHED.add("cost_budget")
+
+
+def test_loosening_the_money_budget_needs_an_admin(make_app: AppFactory) -> None:
+    api = Api(
+        make_app(
+            limits={"max_cost": 2.0}, policies={"cheap": {"limits": {"max_cost": 0.5}}}
+        ).test_client()
+    )
+    assert Agent(api, policy="cheap").id
+    cheap = api.post("/v1/tasks", {"workflow": "wf-sheets", "policy": "cheap"})[1]
+    assert cheap["task"]["limits"]["max_cost"] == 0.5
+    status, _ = api.post(
+        "/v1/tasks", {"workflow": "wf-sheets", "policy": "cheap", "limits": {"max_cost": 1.0}}
+    )
+    assert status == 403
+    status, out = api.post("/v1/tasks", {"workflow": "wf-sheets", "limits": {"max_cost": 5}})
+    assert status == 403 and "max_cost" in out["detail"]
+    assert Agent(api, limits={"max_cost": 1.5}).id
+    status, out = api.post("/v1/tasks", {"workflow": "wf-sheets", "limits": {"max_cost": -1}})
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "limits", "max_cost"]
+
+
+def test_a_caller_given_call_id_is_admitted_once(api: Api) -> None:
+    """A call admitted at the model gate and again by a Loop Stop node under the
+    same id counts once; its write executes once and is replayed once committed."""
+    a = Agent(api, limits={"max_same_call": 1})
+    call = {"call_id": "call_Ab12.x:1@gate", "operation_id": "note:c1"}
+    first = a.call("create_note", {"n": 1}, kind="write", **call)
+    assert (first["decision"], first["call_id"]) == ("execute", "call_Ab12.x:1@gate")
+    again = a.call("create_note", {"n": 1}, kind="write", **call)
+    assert (again["decision"], again["envelope"]) == ("execute", None)
+    used = api.get(a.base)[1]["task"]["used"]
+    assert used["tool_calls"] == 1
+    out = a.result(first, result={"id": "n1"}, receipt={"id": "n1"})
+    assert out["decision"] == "recorded"
+    third = a.call("create_note", {"n": 1}, kind="write", **call)
+    assert (third["decision"], third["receipt"]) == ("replay", {"id": "n1"})
+    status, clash = api.post(
+        a.base + "/tool-calls",
+        {"tool": "create_note", "kind": "write", "args": {"n": 2}, **call},
+    )
+    assert status == 409, clash
+    status, bad = api.post(
+        a.base + "/tool-calls", {"tool": "x", "kind": "read", "call_id": "has space"}
+    )
+    assert status == 422 and bad["errors"][0]["loc"] == ["body", "call_id"]
+    assert api.get(a.base)[1]["task"]["used"]["tool_calls"] == 1
+
+
+def test_initial_revision_and_the_evidence_vocabulary(api: Api) -> None:
+    """A task starts at its initial_revision: evidence at it is idle, below it is
+    invalid. ``effect`` takes none / committed / not_committed / unknown."""
+    a = Agent(api, initial_revision=7, limits={"max_idle": 2})
+    assert api.get(a.base)[1]["task"]["validated_revision"] == 7
+    out = a.result(
+        a.call("get", {"id": 1}), result={"v": 1}, evidence={"revision": 7, "effect": "none"}
+    )
+    assert out["decision"] == "recorded" and out["task"]["used"]["idle"] == 1
+    out = a.result(a.call("get", {"id": 2}), result={"v": 2}, evidence={"revision": 8})
+    assert out["task"]["validated_revision"] == 8 and out["task"]["used"]["idle"] == 0
+    ended(
+        a.result(a.call("get", {"id": 3}), result={}, evidence={"revision": 6}),
+        "blocked",
+        "invalid_evidence",
+    )
+    b = Agent(api)
+    out = b.result(b.call("get", {"id": 1}), result={}, evidence={"effect": "committed"})
+    ended(out, "blocked", "invalid_evidence")
+    c = Agent(api)
+    w = c.call("send", {"to": "x"}, kind="write", operation_id="mail:u1")
+    out = c.result(w, "ok", receipt={"id": 1}, evidence={"effect": "unknown"})
+    ended(out, "needs_reconciliation", "unknown_commit")
+    assert out["envelope"]["uncertain_operations"] == ["mail:u1"]
+    assert api.get("/v1/operations/mail:u1")[1]["operation"]["state"] == "unknown"
+    d = Agent(api)
+    w = d.call("send", {"to": "y"}, kind="write", operation_id="mail:n1")
+    ended(
+        d.result(w, "ok", receipt={"id": 2}, evidence={"effect": "none"}),
+        "blocked",
+        "invalid_evidence",
+    )
+    status, out = api.post("/v1/tasks", {"workflow": "wf-sheets", "initial_revision": -1})
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "initial_revision"]
+
+
 SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+#: End reasons no route sets yet (the outlier detector of DESIGN §6 will);
+#: tests/test_core_tasks.py ends a task with each of them.
+NOT_SET_BY_ANY_ROUTE = {EndReason.OUTLIER.value}
 
 
 def test_every_terminal_reason_is_reached_through_http() -> None:
@@ -389,8 +523,9 @@ def test_every_terminal_reason_is_reached_through_http() -> None:
     for path in SCENARIOS.glob("task-*.json"):
         text = path.read_text()
         reached |= {r.value for r in EndReason if f'"reason": "{r.value}"' in text}
-    missing = {r.value for r in EndReason} - reached
+    missing = {r.value for r in EndReason} - reached - NOT_SET_BY_ANY_ROUTE
     assert not missing, missing
+    assert not NOT_SET_BY_ANY_ROUTE & reached
     assert json.dumps(sorted(reached))
 
 
@@ -419,3 +554,30 @@ def test_concurrent_admissions_never_overshoot_the_budget(make_app: AppFactory) 
     task = api.get(a.base)[1]
     assert task["task"]["used"]["tool_calls"] == 5
     assert task["envelope"]["reason"] == "tool_budget"
+
+
+def test_concurrent_reservations_never_overspend_the_money_budget(make_app: AppFactory) -> None:
+    """Reservations live in the task's one document: 16 turns at once, each
+    reserving 0.1 of a 0.5 budget, admit exactly 5."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sidecar.auth import Principal
+
+    app = make_app()
+    api = Api(app.test_client())
+    a = Agent(api, token=ADMIN_TOKEN, limits={"max_cost": 0.5, "max_model_calls": 100})
+    tasks = app.extensions["loopstop"].tasks
+    who = Principal("n8n", None, False)
+    barrier = threading.Barrier(16)
+
+    def turn(_: int) -> bool:
+        barrier.wait()
+        return bool(tasks.model_call(who, "p", a.id, None, reserve_cost=0.1)[1].admitted)
+
+    with ThreadPoolExecutor(16) as pool:
+        admitted = list(pool.map(turn, range(16)))
+    assert admitted.count(True) == 5
+    task = api.get(a.base)[1]
+    assert task["task"]["used"]["reserved_cost"] == 0.5
+    assert task["envelope"]["reason"] == "cost_budget"

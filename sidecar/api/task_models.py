@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from sidecar.api.models import Name, OperationId, RequestBody, rfc3339
 from sidecar.config import LimitsOverride
-from sidecar.core.guard import (
+from sidecar.core.tasks import (
     CallKind,
+    CompleteDecision,
+    Effect,
     Evidence,
+    ModelDecision,
+    ResultDecision,
     ResultStatus,
     Task,
     TaskStatus,
     ToolDecision,
+    elapsed_s,
 )
 
 TASK_ID_PATTERN = r"^t[0-9a-f]{20}$"
-CALL_ID_PATTERN = r"^k[0-9a-f]{16}$"
+#: A call id: generated (``k`` and 16 hex digits) or the caller's own.
+CALL_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,200}$"
 
 
 class TaskBody(RequestBody):
@@ -29,6 +35,9 @@ class TaskBody(RequestBody):
     chain_id: Annotated[str, Field(pattern=r"^c[0-9a-f]{20}$")] | None = None
     policy: Name | None = None
     limits: LimitsOverride = LimitsOverride()
+    initial_revision: Annotated[int, Field(ge=0, le=2**53)] = Field(
+        default=0, description="The validated revision the task starts at (default 0)."
+    )
 
 
 class ModelCallBody(RequestBody):
@@ -42,6 +51,11 @@ class ToolCallBody(RequestBody):
     kind: CallKind
     args: JsonValue = Field(default=None, description="Fingerprinted, never stored.")
     operation_id: OperationId | None = Field(default=None, description="Required for writes.")
+    call_id: Annotated[str, Field(pattern=CALL_ID_PATTERN)] | None = Field(
+        default=None,
+        description="The caller's own id for this call: admitting the same id again answers "
+        "the recorded decision and counts nothing.",
+    )
 
 
 class EvidenceBody(BaseModel):
@@ -51,7 +65,9 @@ class EvidenceBody(BaseModel):
 
     revision: Annotated[int, Field(ge=0, le=2**53)] | None = None
     done: bool | None = None
-    effect: Literal["committed", "not_committed"] | None = None
+    effect: Effect | None = Field(
+        default=None, description="none (a read), committed, not_committed or unknown."
+    )
 
     def core(self) -> Evidence:
         return Evidence(self.revision, self.done, self.effect)
@@ -87,8 +103,11 @@ class UsedView(BaseModel):
     tool_calls: int
     tokens: int
     polls: int
+    replays: int
     retries: int
     idle: int
+    cost: float
+    reserved_cost: float
     per_tool: dict[str, int]
     elapsed_s: float
 
@@ -101,7 +120,9 @@ class TaskView(BaseModel):
     policy: str | None
     attempt: int
     status: TaskStatus
-    validated_revision: int | None
+    initial_revision: int
+    validated_revision: int
+    activations: int
     limits: dict[str, Any]
     used: UsedView
     created_at: str
@@ -118,27 +139,26 @@ class TaskView(BaseModel):
             policy=task.policy,
             attempt=task.attempt,
             status=task.status,
+            initial_revision=task.initial_revision,
             validated_revision=task.validated_revision,
+            activations=task.activations,
             limits=task.limits.to_doc(),
             used=UsedView(
                 model_calls=u.model_calls,
                 tool_calls=u.tool_calls,
                 tokens=u.tokens,
                 polls=u.polls,
+                replays=u.replays,
                 retries=u.retries,
                 idle=u.idle,
+                cost=u.cost,
+                reserved_cost=u.reserved_cost,
                 per_tool=dict(u.per_tool),
-                elapsed_s=_elapsed(task, now),
+                elapsed_s=elapsed_s(task, now),
             ),
             created_at=rfc3339(task.created_at) or "",
             updated_at=rfc3339(task.updated_at) or "",
         )
-
-
-def _elapsed(task: Task, now: float) -> float:
-    from sidecar.core.guard import elapsed_s
-
-    return elapsed_s(task, now)
 
 
 class TaskResponse(BaseModel):
@@ -147,7 +167,7 @@ class TaskResponse(BaseModel):
 
 
 class ModelCallResponse(TaskResponse):
-    decision: Literal["admit", "deny"]
+    decision: ModelDecision
     wrap_up: bool
     reason: str | None
     message: str | None
@@ -172,13 +192,13 @@ class CheckView(BaseModel):
 
 
 class ResultResponse(TaskResponse):
-    decision: Literal["recorded", "ended"]
+    decision: ResultDecision
     reason: str | None
     message: str | None
     check: CheckView | None = None
 
 
 class CompleteResponse(TaskResponse):
-    decision: Literal["completed", "continue", "ended"]
+    decision: CompleteDecision
     reason: str | None
     check: CheckView | None = None

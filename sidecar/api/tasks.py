@@ -31,18 +31,12 @@ from sidecar.api.task_models import (
     ToolCallResponse,
 )
 from sidecar.checks import CheckResult
-from sidecar.core.guard import (
-    IN_PROGRESS_MESSAGE,
-    MESSAGES,
-    EndReason,
-    Task,
-    ToolDecision,
-    ToolResult,
-)
+from sidecar.core.tasks import LifecycleDecision, ResultDecision, Task, ToolDecision, ToolResult
 from sidecar.errors import NotFound
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.keys import ExecutionMode
+from sidecar.service.messages import message
 from sidecar.service.tasks import CallInput, CreateInput
 
 bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
@@ -60,19 +54,11 @@ def _task_id(task_id: str) -> str:
 
 
 def _answer(model: type[TaskResponse], task: Task, status: int = 200, **fields: Any) -> Response:
-    view = model(task=TaskView.of(task, runtime().clock()), envelope=task.envelope, **fields)
+    envelope = None if task.envelope is None else task.envelope.to_doc()
+    view = model(task=TaskView.of(task, runtime().clock()), envelope=envelope, **fields)
     resp = jsonify(view.model_dump(mode="json"))
     resp.status_code = status
     return resp
-
-
-def _message(reason: str | None) -> str | None:
-    if reason is None:
-        return None
-    try:
-        return MESSAGES[EndReason(reason)]
-    except ValueError:
-        return None
 
 
 def _log(route_name: str, task: Task, decision: Any, reason: Any, **fields: Any) -> None:
@@ -110,9 +96,11 @@ def create() -> Response:
             body.chain_id,
             body.policy,
             body.limits.model_dump(exclude_none=True),
+            body.initial_revision,
         ),
     )
-    _log("tasks.create", task, "created" if created else "existing", None)
+    decision = LifecycleDecision.CREATED if created else LifecycleDecision.EXISTING
+    _log("tasks.create", task, decision, None)
     return _answer(TaskResponse, task, 201 if created else 200)
 
 
@@ -176,16 +164,15 @@ def model_call(task_id: str) -> Response:
         task_id,
         lambda ns: runtime().tasks.model_call(g.principal, ns, _task_id(task_id), body.tokens_used),
     )
-    decision = "admit" if out.admitted else "deny"
     reason = None if out.reason is None else str(out.reason)
-    _log("tasks.model_call", task, decision, reason, wrap_up=out.wrap_up)
+    _log("tasks.model_call", task, out.decision, reason, wrap_up=out.wrap_up)
     return _answer(
         ModelCallResponse,
         task,
-        decision=decision,
+        decision=out.decision,
         wrap_up=out.wrap_up,
         reason=reason,
-        message=_message(reason),
+        message=message(out.reason),
     )
 
 
@@ -201,16 +188,13 @@ def model_call(task_id: str) -> Response:
 )
 def tool_call(task_id: str) -> Response:
     body = parse_body(ToolCallBody)
-    call = CallInput(body.tool, body.kind, body.args, body.operation_id)
+    call = CallInput(body.tool, body.kind, body.args, body.operation_id, body.call_id)
     task, out = _in_task_namespace(
         body.execution_mode,
         task_id,
         lambda ns: runtime().tasks.tool_call(g.principal, ns, _task_id(task_id), call),
     )
     reason = None if out.reason is None else str(out.reason)
-    message = _message(reason)
-    if reason == "in_progress":
-        message = IN_PROGRESS_MESSAGE
     replay = out.decision is ToolDecision.REPLAY and out.operation is not None
     _log(
         "tasks.tool_call",
@@ -230,7 +214,7 @@ def tool_call(task_id: str) -> Response:
         result=out.operation.result if replay and out.operation else None,
         receipt=out.operation.receipt if replay and out.operation else None,
         reason=reason,
-        message=message,
+        message=message(out.reason),
     )
 
 
@@ -261,21 +245,14 @@ def tool_result(task_id: str, call_id: str) -> Response:
         lambda ns: rt.tasks.tool_result(g.principal, ns, _task_id(task_id), call_id, res),
     )
     reason = None if out.reason is None else str(out.reason)
-    decision = "ended" if task.envelope is not None else "recorded"
-    _log(
-        "tasks.tool_result",
-        task,
-        decision,
-        reason or (task.envelope or {}).get("reason"),
-        call_id=call_id,
-        status=body.status,
-    )
+    _log("tasks.tool_result", task, out.decision, reason, call_id=call_id, status=body.status)
+    ended_now = out.decision is ResultDecision.ENDED and out.ended_now
     return _answer(
         ResultResponse,
         task,
-        decision=decision,
-        reason=reason or (task.envelope or {}).get("reason"),
-        message=_message(reason),
+        decision=out.decision,
+        reason=reason,
+        message=message(out.reason) if ended_now else None,
         check=_check_view(checked),
     )
 
@@ -293,17 +270,17 @@ def tool_result(task_id: str, call_id: str) -> Response:
 def complete(task_id: str) -> Response:
     body = parse_body(CompleteBody)
     evidence = None if body.evidence is None else body.evidence.core()
-    task, decision, checked = _in_task_namespace(
+    task, out, checked = _in_task_namespace(
         body.execution_mode,
         task_id,
         lambda ns: runtime().tasks.complete(
             g.principal, ns, _task_id(task_id), evidence, body.check, body.input
         ),
     )
-    reason = (task.envelope or {}).get("reason") if decision != "continue" else "check_failed"
-    _log("tasks.complete", task, decision, reason)
+    reason = None if out.reason is None else str(out.reason)
+    _log("tasks.complete", task, out.decision, reason)
     return _answer(
-        CompleteResponse, task, decision=decision, reason=reason, check=_check_view(checked)
+        CompleteResponse, task, decision=out.decision, reason=reason, check=_check_view(checked)
     )
 
 
@@ -335,7 +312,7 @@ def stop(task_id: str) -> Response:
         task_id,
         lambda ns: runtime().tasks.stop(g.principal, ns, _task_id(task_id)),
     )
-    _log("tasks.stop", task, "stopped", body.reason)
+    _log("tasks.stop", task, LifecycleDecision.STOPPED, body.reason)
     return _answer(TaskResponse, task)
 
 
@@ -359,5 +336,7 @@ def resume(task_id: str) -> Response:
             g.principal, ns, _task_id(task_id), body.reason, extend or None
         ),
     )
-    _log("tasks.resume", task, "resumed", body.reason, extended=bool(extend) or None)
+    _log(
+        "tasks.resume", task, LifecycleDecision.RESUMED, body.reason, extended=bool(extend) or None
+    )
     return _answer(TaskResponse, task)

@@ -22,8 +22,8 @@ from flask import Blueprint, Response, redirect, render_template, request, sessi
 from sidecar.api.decisions import log_decision
 from sidecar.auth import ANONYMOUS, Principal
 from sidecar.core.gate import Chain, Stop
-from sidecar.core.guard import Task
 from sidecar.core.operations import OperationState, ReconcileOutcome
+from sidecar.core.tasks import Task
 from sidecar.errors import Forbidden, LoopstopError, Unauthenticated
 from sidecar.runtime import Runtime, runtime
 from sidecar.service import keys

@@ -11,8 +11,8 @@ from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
 from sidecar.checks import CheckReason, CheckResult, Checks, Lineage, StorePart, cursor_step
 from sidecar.config import CursorCheck, OperationsCheck
-from sidecar.core.guard import CheckVerdict, Task
 from sidecar.core.operations import Operation, OperationState, observe
+from sidecar.core.tasks import CheckVerdict, Task
 from sidecar.errors import NotFound
 from sidecar.service import keys
 from sidecar.store import Plan, Snapshot, Store, Write

@@ -24,8 +24,9 @@ import requests
 
 from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig
-from sidecar.core.guard import WRAP_UP_MESSAGE, Task, final_message
+from sidecar.core.tasks import Task
 from sidecar.errors import GateNotConfigured, LoopstopError, MalformedRequest, NotFound
+from sidecar.service.messages import WRAP_UP_MESSAGE, final_message
 from sidecar.service.tasks import TaskService
 
 TASK_LINE = re.compile(r"loopstop-task:\s*(t[0-9a-f]{20})\b")

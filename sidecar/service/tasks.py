@@ -1,4 +1,4 @@
-"""The task guard service: keys, transactions and plans around :mod:`sidecar.core.guard`."""
+"""The task guard service: keys, transactions and plans around :mod:`sidecar.core.tasks`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.checks import CheckResult
 from sidecar.config import Settings
-from sidecar.core import guard as core
-from sidecar.core import operations as ledger
-from sidecar.core.guard import (
+from sidecar.core import tasks as core
+from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
+from sidecar.core.tasks import (
     CallKind,
+    CompleteDecision,
+    CompleteOutcome,
     Evidence,
     ModelOutcome,
     ResultOutcome,
@@ -25,7 +27,6 @@ from sidecar.core.guard import (
     ToolOutcome,
     ToolResult,
 )
-from sidecar.core.operations import BeginRequest, Operation, OperationPolicy, OperationState
 from sidecar.errors import Forbidden, NotFound, ValidationFailed
 from sidecar.service import keys
 from sidecar.service.checks import CheckService, check_input, verdict
@@ -35,19 +36,26 @@ from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
 
 @dataclass(frozen=True)
 class CreateInput:
+    """``POST /v1/tasks``; ``initial_revision`` is the validated revision the task starts at."""
+
     task_key: str | None
     workflow: str | None
     chain_id: str | None
     policy: str | None
     limits: Mapping[str, Any]
+    initial_revision: int = 0
 
 
 @dataclass(frozen=True)
 class CallInput:
+    """A tool call to admit; ``call_id`` is the caller's own id (admission is
+    idempotent on it), None for a generated one."""
+
     tool: str
     kind: CallKind
     args: Any
     operation_id: str | None
+    call_id: str | None = None
 
 
 class TaskService:
@@ -77,23 +85,22 @@ class TaskService:
         # A task's workflow and chain never change: remembering them lets a decision
         # name the stop keys up front (one read round trip instead of two).
         self._scopes: dict[str, tuple[str | None, str | None]] = {}
+        self._tool_max_calls = {
+            name: t.max_calls for name, t in settings.tools.items() if t.max_calls is not None
+        }
 
     # -- helpers -----------------------------------------------------------------
 
     def resolve_limits(
         self, policy: str | None, override: Mapping[str, Any]
     ) -> tuple[TaskLimits, tuple[str, ...] | None]:
-        """Configuration defaults, then the named policy, then the request.
-
-        ``per_tool`` starts from each configured tool's ``max_calls``.
+        """The task's limits (:func:`sidecar.core.tasks.resolve_limits`) and the
+        tools its policy allows (None: any).
 
         :raises ValidationFailed: an unknown policy.
         """
         s = self.settings
-        merged: dict[str, Any] = s.limits.model_dump()
-        merged["per_tool"] = {
-            name: t.max_calls for name, t in s.tools.items() if t.max_calls is not None
-        }
+        layer: Mapping[str, Any] | None = None
         allowed: tuple[str, ...] | None = None
         if policy is not None:
             if policy not in s.policies:
@@ -103,12 +110,8 @@ class TaskService:
             named = s.policies[policy]
             allowed = None if named.tools is None else tuple(named.tools)
             layer = named.limits.model_dump(exclude_none=True)
-            merged["per_tool"].update(layer.pop("per_tool", {}))
-            merged.update(layer)
-        layer = {k: v for k, v in override.items() if v is not None}
-        merged["per_tool"].update(layer.pop("per_tool", None) or {})
-        merged.update(layer)
-        return TaskLimits(**merged), allowed
+        limits = core.resolve_limits(s.limits.to_core(), self._tool_max_calls, layer, override)
+        return limits, allowed
 
     def _ttl(self, task: Task, now: float) -> float:
         retention = self.settings.tasks.retention_s
@@ -166,7 +169,7 @@ class TaskService:
             )
         )
         if task.envelope is not None and (before is None or before.envelope is None):
-            status, reason = task.envelope["status"], task.envelope["reason"]
+            status, reason = str(task.envelope.status), str(task.envelope.reason)
             plan.on_commit.append(lambda: metrics.ENVELOPES.labels(status, reason).inc())
         moved = before is None or (before.envelope is None) != (task.envelope is None)
         if task.task_key is not None and moved:
@@ -192,7 +195,7 @@ class TaskService:
         limits, allowed = self.resolve_limits(body.policy, body.limits)
         if not principal.admin:
             base, _ = self.resolve_limits(body.policy, {})
-            raised = _raised(base, limits)
+            raised = core.loosened(base, limits)
             if raised:
                 raise Forbidden(
                     f"raising {', '.join(raised)} above the configured or policy limits needs "
@@ -213,7 +216,7 @@ class TaskService:
                 if pointer is not None:
                     existing = Task.from_doc(snap.get(keys.task(ns, pointer["task_id"])))
                     if existing is not None:
-                        again = core.new_run(existing, now)
+                        again = core.reactivate(existing, now)
                         found: Plan[tuple[Task, bool]] = Plan((again, False))
                         if again != existing:
                             self._write_task(found, snap, ns, again, now, existing)
@@ -227,6 +230,7 @@ class TaskService:
                 limits,
                 allowed,
                 now,
+                body.initial_revision,
             )
             plan: Plan[tuple[Task, bool]] = Plan((task, True))
             self._write_task(plan, snap, ns, task, now)
@@ -241,16 +245,27 @@ class TaskService:
         return self._scoped(principal, self.store.get(keys.task(ns, task_id)), task_id)
 
     def model_call(
-        self, principal: Principal, ns: str, task_id: str, tokens_used: int | None
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        tokens_used: int | None,
+        reserve_cost: float | None = None,
     ) -> tuple[Task, ModelOutcome]:
-        """Reserve a model turn (the model gate calls this too)."""
+        """Reserve a model turn (the model gate calls this too).
+
+        :param reserve_cost: the turn's worst-case cost, held until
+            :meth:`settle_model_call`.
+        """
         now = self.clock()
         key = keys.task(ns, task_id)
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, ModelOutcome]]:
             task = self._scoped(principal, snap.get(key), task_id)
             self._remember(ns, task)
-            new, out = core.admit_model_call(task, tokens_used, now, self._stopped(snap, ns, task))
+            new, out = core.admit_model_call(
+                task, tokens_used, now, self._stopped(snap, ns, task), reserve_cost
+            )
             plan: Plan[tuple[Task, ModelOutcome]] = Plan((new, out))
             if new != task:
                 self._write_task(plan, snap, ns, new, now, task)
@@ -273,6 +288,29 @@ class TaskService:
         def decide(snap: Snapshot) -> Plan[Task]:
             task = self._scoped(principal, snap.get(key), task_id)
             new = core.record_tokens(task, tokens, now)
+            plan: Plan[Task] = Plan(new)
+            if new != task:
+                self._write_task(plan, snap, ns, new, now, task)
+            return plan
+
+        return self.store.transact([key, *self._stop_keys(ns, task_id)], decide)
+
+    def settle_model_call(
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        reserved_cost: float,
+        actual_cost: float,
+        tokens: int,
+    ) -> Task:
+        """Settle a model turn: release its reservation, add its real cost and tokens."""
+        now = self.clock()
+        key = keys.task(ns, task_id)
+
+        def decide(snap: Snapshot) -> Plan[Task]:
+            task = self._scoped(principal, snap.get(key), task_id)
+            new = core.settle_model_call(task, reserved_cost, actual_cost, tokens, now)
             plan: Plan[Task] = Plan(new)
             if new != task:
                 self._write_task(plan, snap, ns, new, now, task)
@@ -304,7 +342,7 @@ class TaskService:
             )
         now = self.clock()
         args_prints = self.fp.fingerprints(body.args)
-        call_id = "k" + secrets.token_hex(8)
+        call_id = body.call_id or "k" + secrets.token_hex(8)
         key = keys.task(ns, task_id)
         declared = [key, *self._stop_keys(ns, task_id)]
         op_key = keys.operation(ns, body.operation_id) if body.operation_id else None
@@ -329,7 +367,14 @@ class TaskService:
                     chain_id=task.chain_id,
                     lease_s=self.settings.operations.lease_s,
                 )
-            call = ToolCall(call_id, body.tool, body.kind, args_prints[self.fp.current.id], begin)
+            call = ToolCall(
+                call_id,
+                body.tool,
+                body.kind,
+                args_prints[self.fp.current.id],
+                begin,
+                given_id=body.call_id is not None,
+            )
             new, new_op, out = core.admit_tool_call(
                 task, call, op, self.op_policy, now, self._stopped(snap, ns, task)
             )
@@ -358,18 +403,18 @@ class TaskService:
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, ResultOutcome, CheckResult | None]]:
             task = self._scoped(principal, snap.get(key), task_id)
-            call = next((c for c in task.calls if c["call_id"] == call_id), None)
+            call = task.call(call_id)
             op = None
-            if call is not None and call.get("operation_id") and call["kind"] == CallKind.WRITE:
-                op = Operation.from_doc(snap.get(keys.operation(ns, call["operation_id"])))
+            if call is not None and call.operation_id and call.kind is CallKind.WRITE:
+                op = Operation.from_doc(snap.get(keys.operation(ns, call.operation_id)))
             plan: Plan[tuple[Task, ResultOutcome, CheckResult | None]] = Plan(
-                (task, ResultOutcome(None), None)
+                (task, ResultOutcome(core.ResultDecision.RECORDED, None), None)
             )
             checked: CheckResult | None = None
             given = res
             if check_name is not None and call is not None:
                 part = self.checks.store_part(
-                    snap, plan, principal, ns, task_id, now, scope=call["tool"]
+                    snap, plan, principal, ns, task_id, now, scope=call.tool
                 )
                 checked = self.checks.checks.run(check_name, data, fetched, part)
                 given = replace(res, check=verdict(checked))
@@ -390,10 +435,10 @@ class TaskService:
         if not any(tool.check for tool in self.settings.tools.values()):
             return None
         task = self._scoped(principal, self.store.get(key), task_id)
-        call = next((c for c in task.calls if c["call_id"] == call_id), None)
-        if call is None or call["status"] != "pending":
+        call = task.call(call_id)
+        if call is None or call.status is not core.CallStatus.PENDING:
             return None  # the core answers 404 / 409; nothing is asked outside
-        tool = self.settings.tools.get(call["tool"])
+        tool = self.settings.tools.get(call.tool)
         return None if tool is None else tool.check
 
     def complete(
@@ -404,7 +449,7 @@ class TaskService:
         evidence: Evidence | None,
         check: str | None,
         data: Any,
-    ) -> tuple[Task, str, CheckResult | None]:
+    ) -> tuple[Task, CompleteOutcome, CheckResult | None]:
         """Validate the task's exit: with a check (named, or the policy's
         ``exit_check``) the sidecar runs it on ``data``; else trusted evidence.
 
@@ -434,9 +479,11 @@ class TaskService:
         fetched = self.checks.checks.prefetch(name, data) if name else {}
         now = self.clock()
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, str, CheckResult | None]]:
+        def decide(snap: Snapshot) -> Plan[tuple[Task, CompleteOutcome, CheckResult | None]]:
             task = self._scoped(principal, snap.get(key), task_id)
-            plan: Plan[tuple[Task, str, CheckResult | None]] = Plan((task, "ended", None))
+            plan: Plan[tuple[Task, CompleteOutcome, CheckResult | None]] = Plan(
+                (task, CompleteOutcome(CompleteDecision.ENDED, None), None)
+            )
             checked = None
             if name is not None:
                 part = self.checks.store_part(snap, plan, principal, ns, task_id, now)
@@ -445,8 +492,8 @@ class TaskService:
             ev = evidence
             if checked is not None and checked.revision is not None:
                 ev = Evidence(revision=checked.revision)
-            new, decision = core.complete(task, ev, passed, now)
-            plan.result = (new, decision, checked)
+            new, outcome = core.complete(task, ev, passed, now)
+            plan.result = (new, outcome, checked)
             if new != task:
                 self._write_task(plan, snap, ns, new, now, task)
             return plan
@@ -476,7 +523,7 @@ class TaskService:
         extend: Mapping[str, Any] | None,
     ) -> Task:
         """:raises Forbidden: ``extend`` without an admin token.
-        :raises StateConflict: see :func:`sidecar.core.guard.resume`."""
+        :raises StateConflict: see :func:`sidecar.core.tasks.resume`."""
         if extend:
             principal.require_admin()
         now = self.clock()
@@ -486,28 +533,14 @@ class TaskService:
             task = self._scoped(principal, snap.get(key), task_id)
             if task.status is core.TaskStatus.STOPPED and not principal.admin:
                 raise Forbidden("a stopped task is resumed by an admin token only")
-            unknown = []
-            for oid in task.operations:
-                op = Operation.from_doc(snap.get(keys.operation(ns, oid)))
-                if op is not None and ledger.observe(op, now).state is OperationState.UNKNOWN:
-                    unknown.append(oid)
+            ops = {
+                oid: Operation.from_doc(snap.get(keys.operation(ns, oid)))
+                for oid in task.operations
+            }
+            unknown = core.unknown_operations(ops, now)
             new = core.resume(task, reason, extend, principal.name, unknown, now)
             plan: Plan[Task] = Plan(new)
             self._write_task(plan, snap, ns, new, now, task)
             return plan
 
         return self.store.transact([key], decide)
-
-
-def _raised(base: TaskLimits, asked: TaskLimits) -> list[str]:
-    """The limits ``asked`` sets looser than ``base`` (every limit is looser when higher)."""
-    out = []
-    for name, value in asked.to_doc().items():
-        if name == "per_tool":
-            for tool, n in value.items():
-                limit = base.per_tool.get(tool)
-                if limit is not None and n > limit:
-                    out.append(f"per_tool.{tool}")
-        elif value > getattr(base, name):
-            out.append(name)
-    return out

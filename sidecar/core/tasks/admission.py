@@ -1,0 +1,401 @@
+"""Admission (DESIGN §3): whether a model turn or a tool call may go ahead,
+decided before anything runs. Budgets are reserved on admission, so
+concurrent calls of one task (all in its one document) never overshoot.
+
+A model turn, first match wins:
+
+1. the task has an envelope -> ``deny`` with its reason (sticky);
+2. the workflow or the chain is stopped -> ``stopped``;
+3. ``deadline_s`` has passed since the task was created -> ``partial``, ``deadline``;
+4. the tokens reported reach ``max_tokens`` -> ``token_budget``;
+5. the money settled and reserved has reached ``max_cost``, or this turn's
+   reservation would pass it -> ``cost_budget``;
+6. ``max_model_calls`` turns were admitted -> ``model_budget``;
+7. else ``admit``: one turn and its reservation counted; ``wrap_up`` once
+   tokens, turns or money reach ``wrap_up_ratio`` of their budget.
+
+A tool call, first match wins:
+
+1. the task has an envelope -> ``deny`` with its reason, nothing executes (sticky);
+2. the workflow or the chain is stopped -> ``stopped``;
+3. ``deadline_s`` has passed -> ``partial``, ``deadline``;
+4. the caller's ``call_id`` is already in the history -> that call's
+   decision again (``replay`` once its write is committed), nothing counted;
+5. the task's policy does not allow the tool -> ``blocked``, ``policy_denied``;
+6. a write's operation, in the ledger: conflicting payload ->
+   ``operation_conflict``; unknown -> ``needs_reconciliation``,
+   ``unknown_commit``; attempts used -> ``retry_budget``; another worker
+   holds it -> ``deny``, ``in_progress`` (the task goes on); committed ->
+   ``replay`` with its receipt: executes nothing, exempt from rules 7-11;
+7. ``max_tool_calls`` calls were admitted to execute -> ``tool_budget``;
+8. the tool's ``per_tool`` budget is used -> ``tool_budget``;
+9. a poll past ``max_polls`` or ``poll_deadline_s`` -> ``poll_budget``;
+10. ``max_same_call`` executions of this identical call (tool and RFC 8785
+    arguments) at the current validated revision, wherever they fall in the
+    task -> ``same_call`` (polls exempt);
+11. the call completes ``max_cycle_repeats`` repeats in a row of a block of
+    2 or more calls at the current revision -> ``cycle`` (polls exempt);
+12. else ``execute``: the call is recorded and counted.
+
+Times are epoch seconds; every function takes ``now``; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
+from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write
+from sidecar.core.tasks.lifecycle import end
+from sidecar.core.tasks.limits import to_micros
+from sidecar.core.tasks.outcomes import (
+    EndReason,
+    ModelDecision,
+    ModelOutcome,
+    ToolDecision,
+    ToolOutcome,
+)
+from sidecar.core.tasks.state import (
+    IDENTICAL_CALLS_KEPT,
+    PRINT_DIGITS,
+    CallKind,
+    CallRecord,
+    CallStatus,
+    Task,
+    identity,
+)
+from sidecar.errors import StateConflict
+
+# -- model turns ----------------------------------------------------------------
+
+
+def _deadline_passed(task: Task, now: float) -> bool:
+    return now - task.created_at >= task.limits.deadline_s
+
+
+def admit_model_call(
+    task: Task,
+    tokens_used: int | None,
+    now: float,
+    stopped: EndReason | None = None,
+    reserve_cost: float | None = None,
+) -> tuple[Task, ModelOutcome]:
+    """Reserve one model turn (rules above); ``tokens_used`` reports the previous turn.
+
+    :param reserve_cost: the turn's worst-case cost, held until
+        :func:`settle_model_call` releases it.
+    """
+    if task.envelope is not None:
+        return task, ModelOutcome(ModelDecision.DENY, True, task.envelope.reason)
+    limits = task.limits
+    used = replace(task.used, tokens=task.used.tokens + max(0, tokens_used or 0))
+    task = replace(task, used=used, updated_at=now)
+    reserve = to_micros(reserve_cost or 0.0)
+    max_cost = limits.max_cost_micros
+    spent = used.cost_micros + used.reserved_micros
+    reason: EndReason | None = stopped
+    if reason is None and _deadline_passed(task, now):
+        reason = EndReason.DEADLINE
+    if reason is None and used.tokens >= limits.max_tokens:
+        reason = EndReason.TOKEN_BUDGET
+    if (
+        reason is None
+        and max_cost is not None
+        and (spent >= max_cost or spent + reserve > max_cost)
+    ):
+        reason = EndReason.COST_BUDGET
+    if reason is None and used.model_calls >= limits.max_model_calls:
+        reason = EndReason.MODEL_BUDGET
+    if reason is not None:
+        return end(task, reason, now), ModelOutcome(ModelDecision.DENY, True, reason)
+    used = replace(
+        used, model_calls=used.model_calls + 1, reserved_micros=used.reserved_micros + reserve
+    )
+    ratio = limits.wrap_up_ratio
+    wrap_up = (
+        used.tokens >= ratio * limits.max_tokens
+        or used.model_calls >= ratio * limits.max_model_calls
+        or (max_cost is not None and used.cost_micros >= ratio * max_cost)
+    )
+    return replace(task, used=used), ModelOutcome(ModelDecision.ADMIT, wrap_up, None)
+
+
+def settle_model_call(
+    task: Task, reserved_cost: float, actual_cost: float, tokens: int, now: float
+) -> Task:
+    """A model turn's real usage: releases its reservation, adds its cost and
+    tokens. Ends nothing (the next admission does), and applies to an ended
+    task too: money spent is a fact."""
+    used = task.used
+    release = min(to_micros(reserved_cost), used.reserved_micros)
+    used = replace(
+        used,
+        reserved_micros=used.reserved_micros - release,
+        cost_micros=used.cost_micros + to_micros(actual_cost),
+        tokens=used.tokens + max(0, tokens),
+    )
+    return replace(task, used=used, updated_at=now)
+
+
+def record_tokens(task: Task, tokens: int, now: float) -> Task:
+    """Add the tokens a model turn reported after it. Crossing the budget ends
+    nothing here: the next admission does."""
+    if tokens <= 0:
+        return task
+    return replace(task, used=replace(task.used, tokens=task.used.tokens + tokens), updated_at=now)
+
+
+# -- tool calls -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call as the core sees it: ``args_fp`` is the RFC 8785 fingerprint.
+
+    :ivar given_id: ``call_id`` was chosen by the caller (admission is
+        idempotent on it) rather than generated.
+    """
+
+    call_id: str
+    tool: str
+    kind: CallKind
+    args_fp: str
+    operation: BeginRequest | None = None
+    given_id: bool = False
+
+
+@dataclass(frozen=True)
+class _Ask:
+    task: Task
+    call: ToolCall
+    write: WriteAdmission | None
+    now: float
+    stopped: EndReason | None
+
+    @property
+    def key(self) -> str:
+        return identity(self.call.tool, self.call.args_fp, self.task.validated_revision)
+
+
+_Answer = tuple[Task, Operation | None, ToolOutcome]
+
+
+def _ended(
+    ask: _Ask, reason: EndReason, uncertain: Sequence[str] = (), op: Operation | None = None
+) -> _Answer:
+    return end(ask.task, reason, ask.now, uncertain), op, ToolOutcome(ToolDecision.DENY, reason)
+
+
+def _rule_ended(ask: _Ask) -> _Answer | None:
+    if ask.task.envelope is None:
+        return None
+    return ask.task, None, ToolOutcome(ToolDecision.DENY, ask.task.envelope.reason)
+
+
+def _rule_stopped(ask: _Ask) -> _Answer | None:
+    return None if ask.stopped is None else _ended(ask, ask.stopped)
+
+
+def _rule_deadline(ask: _Ask) -> _Answer | None:
+    return _ended(ask, EndReason.DEADLINE) if _deadline_passed(ask.task, ask.now) else None
+
+
+def _rule_known_call_id(ask: _Ask) -> _Answer | None:
+    known = ask.task.call(ask.call.call_id) if ask.call.given_id else None
+    if known is None:
+        return None
+    if (known.tool, known.kind, known.fp) != (
+        ask.call.tool,
+        ask.call.kind,
+        ask.call.args_fp[:PRINT_DIGITS],
+    ):
+        raise StateConflict(
+            f"call {ask.call.call_id!r} was admitted for another tool or other arguments",
+            call_id=ask.call.call_id,
+        )
+    record = ask.write.record if ask.write is not None else None
+    replayed = known.replayed or (ask.write is not None and ask.write.replay)
+    decision = ToolDecision.REPLAY if replayed else ToolDecision.EXECUTE
+    return ask.task, None, ToolOutcome(decision, None, known.call_id, record)
+
+
+def _rule_policy(ask: _Ask) -> _Answer | None:
+    allowed = ask.task.allowed_tools
+    return (
+        _ended(ask, EndReason.POLICY_DENIED)
+        if allowed is not None and ask.call.tool not in allowed
+        else None
+    )
+
+
+def _rule_ledger(ask: _Ask) -> _Answer | None:
+    w = ask.write
+    if w is None:
+        return None
+    if w.ends is not None:
+        oid = ask.call.operation.operation_id if ask.call.operation else ""
+        uncertain = [oid] if w.ends is EndReason.UNKNOWN_COMMIT else []
+        t, op, out = _ended(ask, w.ends, uncertain, w.operation if w.store_anyway else None)
+        return t, op, replace(out, operation=w.record)
+    if w.denies is not None:
+        return ask.task, None, ToolOutcome(ToolDecision.DENY, w.denies, None, w.record)
+    if w.replay:
+        used = replace(ask.task.used, replays=ask.task.used.replays + 1)
+        task = _record(ask, CallStatus.REPLAYED, used=used)
+        return task, None, ToolOutcome(ToolDecision.REPLAY, None, ask.call.call_id, w.record)
+    return None
+
+
+def _rule_tool_budget(ask: _Ask) -> _Answer | None:
+    return (
+        _ended(ask, EndReason.TOOL_BUDGET)
+        if ask.task.used.tool_calls >= ask.task.limits.max_tool_calls
+        else None
+    )
+
+
+def _rule_per_tool(ask: _Ask) -> _Answer | None:
+    limit = ask.task.limits.per_tool.get(ask.call.tool)
+    used = ask.task.used.per_tool.get(ask.call.tool, 0)
+    return _ended(ask, EndReason.TOOL_BUDGET) if limit is not None and used >= limit else None
+
+
+def _rule_poll_budget(ask: _Ask) -> _Answer | None:
+    task, limits = ask.task, ask.task.limits
+    if ask.call.kind is not CallKind.POLL:
+        return None
+    late = task.first_poll_at is not None and ask.now - task.first_poll_at >= limits.poll_deadline_s
+    return (
+        _ended(ask, EndReason.POLL_BUDGET) if task.used.polls >= limits.max_polls or late else None
+    )
+
+
+def _rule_same_call(ask: _Ask) -> _Answer | None:
+    if ask.call.kind is CallKind.POLL:
+        return None
+    done = ask.task.identical_calls.get(ask.key, 0)
+    return _ended(ask, EndReason.SAME_CALL) if done >= ask.task.limits.max_same_call else None
+
+
+def _rule_cycle(ask: _Ask) -> _Answer | None:
+    if ask.call.kind is CallKind.POLL or not _cycle(ask.task, ask.key):
+        return None
+    return _ended(ask, EndReason.CYCLE)
+
+
+def _cycle(task: Task, key: str) -> bool:
+    """True when ``key`` completes a block of 2+ calls repeated
+    ``max_cycle_repeats`` times in a row at the current revision, in the
+    current run (A,B,A,B,A,B or A,B,C,A,B,C,...)."""
+    repeats = task.limits.max_cycle_repeats
+    if task.identical_calls.get(key, 0) < repeats - 1:
+        return False  # the block ends with key: key ran repeats - 1 times at this revision already
+    seq = [
+        c.key
+        for c in task.history()
+        if c.kind is not CallKind.POLL
+        and not c.replayed
+        and c.rev == task.validated_revision
+        and c.attempt == task.attempt
+    ]
+    seq.append(key)
+    for period in range(2, len(seq) // repeats + 1):
+        block = seq[-period:]
+        if len(set(block)) > 1 and seq[-period * repeats :] == block * repeats:
+            return True
+    return False
+
+
+#: The tool-call rules in the order of the module docstring (rule 12 is :func:`_admit`).
+TOOL_RULES: tuple[Callable[[_Ask], _Answer | None], ...] = (
+    _rule_ended,
+    _rule_stopped,
+    _rule_deadline,
+    _rule_known_call_id,
+    _rule_policy,
+    _rule_ledger,
+    _rule_tool_budget,
+    _rule_per_tool,
+    _rule_poll_budget,
+    _rule_same_call,
+    _rule_cycle,
+)
+
+
+def _record(ask: _Ask, status: CallStatus, **changes: Any) -> Task:
+    """The task with the call in its history (and ``changes``)."""
+    task, call = ask.task, ask.call
+    entry = CallRecord(
+        call_id=call.call_id,
+        tool=call.tool,
+        kind=call.kind,
+        fp=call.args_fp[:PRINT_DIGITS],
+        rev=task.validated_revision,
+        status=status,
+        at=ask.now,
+        attempt=task.attempt,
+        operation_id=call.operation.operation_id if call.operation else None,
+    )
+    operations = task.operations
+    if call.operation is not None:
+        operations = tuple(dict.fromkeys((*operations, call.operation.operation_id)))
+    return replace(
+        task, calls=task.calls_with(entry), operations=operations, updated_at=ask.now, **changes
+    )
+
+
+def _counted(counts: Mapping[str, int], key: str) -> dict[str, int]:
+    """``counts`` with one more execution of ``key``, at most
+    :data:`IDENTICAL_CALLS_KEPT` keys (the oldest dropped)."""
+    out = {**counts, key: counts.get(key, 0) + 1}
+    while len(out) > IDENTICAL_CALLS_KEPT:
+        del out[next(iter(out))]
+    return out
+
+
+def _admit(ask: _Ask) -> _Answer:
+    call, task = ask.call, ask.task
+    u = task.used
+    poll = call.kind is CallKind.POLL
+    task = _record(
+        ask,
+        CallStatus.PENDING,
+        used=replace(
+            u,
+            tool_calls=u.tool_calls + 1,
+            polls=u.polls + (1 if poll else 0),
+            per_tool={**u.per_tool, call.tool: u.per_tool.get(call.tool, 0) + 1},
+        ),
+        identical_calls=task.identical_calls if poll else _counted(task.identical_calls, ask.key),
+        first_poll_at=(task.first_poll_at or ask.now) if poll else task.first_poll_at,
+    )
+    new_op = ask.write.operation if ask.write is not None else None
+    record = ask.write.record if ask.write is not None else None
+    return task, new_op, ToolOutcome(ToolDecision.EXECUTE, None, call.call_id, record)
+
+
+def admit_tool_call(
+    task: Task,
+    call: ToolCall,
+    op: Operation | None,
+    op_policy: OperationPolicy,
+    now: float,
+    stopped: EndReason | None = None,
+) -> tuple[Task, Operation | None, ToolOutcome]:
+    """Decide a tool call before anything executes (rules above).
+
+    :param op: the ledger record of ``call.operation`` (writes only).
+    :returns: the task and operation to store (None: unchanged), and the outcome.
+    :raises StateConflict: a caller-given ``call_id`` already names another call.
+    """
+    write = None
+    if call.kind is CallKind.WRITE and call.operation is not None and task.envelope is None:
+        write = admit_write(op, call.operation, op_policy, now)
+    ask = _Ask(task, call, write, now, stopped)
+    for rule in TOOL_RULES:
+        answer = rule(ask)
+        if answer is not None:
+            return answer
+    return _admit(ask)
