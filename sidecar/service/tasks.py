@@ -48,6 +48,7 @@ class CallInput:
     kind: CallKind
     args: Any
     operation_id: str | None
+    call_id: str | None = None
 
 
 class TaskService:
@@ -304,7 +305,7 @@ class TaskService:
             )
         now = self.clock()
         args_prints = self.fp.fingerprints(body.args)
-        call_id = "k" + secrets.token_hex(8)
+        call_id = body.call_id or "k" + secrets.token_hex(8)
         key = keys.task(ns, task_id)
         declared = [key, *self._stop_keys(ns, task_id)]
         op_key = keys.operation(ns, body.operation_id) if body.operation_id else None
