@@ -130,7 +130,10 @@ def chat_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None,
     for i, call in enumerate(message.get("tool_calls") or []):
         fn = call["function"]
         start = {"index": i, "id": call["id"], "type": "function"}
-        yield None, chunk({"tool_calls": [{**start, "function": {"name": fn["name"], "arguments": ""}}]})
+        yield (
+            None,
+            chunk({"tool_calls": [{**start, "function": {"name": fn["name"], "arguments": ""}}]}),
+        )
         half = len(fn["arguments"]) // 2
         for piece in (fn["arguments"][:half], fn["arguments"][half:]):
             yield None, chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
@@ -201,10 +204,13 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
         if item["type"] == "message":
             text = item["content"][0]["text"]
             at = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            yield None, ev(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "content": []},
+            yield (
+                None,
+                ev(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "content": []},
+                ),
             )
             part = {"type": "output_text", "text": "", "annotations": []}
             yield None, ev("response.content_part.added", **at, part=part)
@@ -214,10 +220,13 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
             yield None, ev("response.content_part.done", **at, part={**part, "text": text})
         else:
             at = {"item_id": item["id"], "output_index": index}
-            yield None, ev(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
+            yield (
+                None,
+                ev(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                ),
             )
             args = item["arguments"]
             for piece in (args[: len(args) // 2], args[len(args) // 2 :]):

@@ -122,7 +122,11 @@ def output_item(which: str, call_id: str, output: str) -> list[dict[str, Any]]:
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": "echo", "arguments": "{}"}}
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "echo", "arguments": "{}"},
+                    }
                 ],
             },
             {"role": "tool", "tool_call_id": call_id, "content": output},
@@ -176,7 +180,9 @@ def test_turns_are_admitted_forwarded_and_counted(api: Api, llm: FakeLLM, which:
     assert llm.auth[-1] == "Bearer sk-upstream-secret"
 
 
-def test_the_task_line_may_stand_in_instructions_or_a_developer_item(api: Api, llm: FakeLLM) -> None:
+def test_the_task_line_may_stand_in_instructions_or_a_developer_item(
+    api: Api, llm: FakeLLM
+) -> None:
     a = Agent(api)
     llm.mode = "final"
     body = {"model": "m", "instructions": f"Be brief.\nloopstop-task: {a.id}", "input": "hi"}
@@ -184,7 +190,10 @@ def test_the_task_line_may_stand_in_instructions_or_a_developer_item(api: Api, l
     body = {
         "model": "m",
         "input": [
-            {"role": "developer", "content": [{"type": "input_text", "text": f"loopstop-task: {a.id}"}]},
+            {
+                "role": "developer",
+                "content": [{"type": "input_text", "text": f"loopstop-task: {a.id}"}],
+            },
             {"role": "user", "content": "hi"},
         ],
     }
@@ -468,14 +477,18 @@ def test_the_configured_kind_of_a_tool_is_used(make_app: AppFactory, llm: FakeLL
     assert used(api, a.id)["tool_calls"] == 3
 
 
-# -- item 4: a task by key ----------------------------------------------------------------------------
+# -- item 4: a task by key ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("which", APIS)
 def test_a_task_key_line_creates_then_continues_the_task(
     make_app: AppFactory, llm: FakeLLM, which: str
 ) -> None:
-    api = Api(gate_app(make_app, llm, policies={"tight": {"limits": {"max_model_calls": 2}}}).test_client())
+    api = Api(
+        gate_app(
+            make_app, llm, policies={"tight": {"limits": {"max_model_calls": 2}}}
+        ).test_client()
+    )
     llm.mode = "final"
     lines = "\nloopstop-task-key: wf-9-T-1\nloopstop-workflow: wf-9\nloopstop-policy: tight"
     for _ in range(2):
@@ -493,17 +506,21 @@ def test_a_task_key_line_creates_then_continues_the_task(
 
 def test_a_task_key_is_checked_as_post_tasks_checks_it(make_app: AppFactory, llm: FakeLLM) -> None:
     api = Api(gate_app(make_app, llm).test_client())
-    status, out = chat(api, request(None, system_extra="\nloopstop-task-key: k\nloopstop-policy: nope"))
+    status, out = chat(
+        api, request(None, system_extra="\nloopstop-task-key: k\nloopstop-policy: nope")
+    )
     assert status == 422 and "nope" in out["detail"]
     scoped = Api(api.client, token=SCOPED_TOKEN)
-    status, _ = chat(scoped, request(None, system_extra="\nloopstop-task-key: k\nloopstop-workflow: wf-x"))
+    status, _ = chat(
+        scoped, request(None, system_extra="\nloopstop-task-key: k\nloopstop-workflow: wf-x")
+    )
     assert status == 403
     status, out = chat(api, request(None, system_extra="\nloopstop-task-key: \x07"))
     assert status == 400
     assert llm.requests == []
 
 
-# -- items 6 and 7: the credential test, bad input, bad upstreams -----------------------------------
+# -- items 6 and 7: the credential test, bad input, bad upstreams -------------------------------
 
 
 def test_auth_task_line_and_bad_bodies(api: Api, make_app: AppFactory, llm: FakeLLM) -> None:
