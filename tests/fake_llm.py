@@ -51,6 +51,8 @@ class FakeLLM:
         self.first_sent = threading.Event()
         #: set when a stream has been written out whole
         self.stream_done = threading.Event()
+        #: ``time.perf_counter()`` just before the last stream's first text event was sent
+        self.first_text_at: float | None = None
         self._ids = itertools.count(1)
 
     def next_id(self) -> int:
@@ -272,6 +274,8 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                     break
                 text = data if isinstance(data, str) else json.dumps(data)
                 head = f"event: {data['type']}\n" if named and isinstance(data, dict) else ""
+                if tag == "text" and texts == 0:
+                    llm.first_text_at = time.perf_counter()
                 self._chunk((head + f"data: {text}\n\n").encode())
                 if tag == "text":
                     texts += 1

@@ -434,7 +434,13 @@ def test_a_budget_ends_a_looping_agent_at_its_limit(
     stack.llm.mode = "tool_call"
     wid = "lsGateBudget0001"
     ticket = f"B-{policy}"
-    d = _drive(stack, wid, _webhook(stack, "gate-budget", {"ticket": ticket, "policy": policy}))
+    d = _drive(
+        stack,
+        wid,
+        _webhook(
+            stack, "gate-budget", {"ticket": ticket, "policy": policy, "question": "Add notes."}
+        ),
+    )
     assert d.execution["status"] == "success"
     assert len(d.upstream) == upstream_turns
     assert len(_runs(d.run, "add_note")) == upstream_turns
