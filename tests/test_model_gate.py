@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import sseclient
 from fake_llm import FakeLLM, serve
 from flask import Flask
+from test_serve import Sidecar
 from test_tasks_api import Agent
 
 from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
@@ -605,3 +612,73 @@ def test_gate_without_upstream_is_a_clear_problem(make_app: AppFactory) -> None:
 def test_the_n8n_credential_sends_the_token_as_api_key(api: Api) -> None:
     r = api.client.get("/v1/openai/models", headers={"Authorization": f"Bearer {N8N_TOKEN}"})
     assert r.status_code == 200
+
+
+# -- under gunicorn: sync and gthread workers ------------------------------------------------------
+
+
+class _ThreadedSidecar(Sidecar):
+    """``loopstop serve`` with ``--threads`` (1: gunicorn's sync worker; more: gthread)."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], threads: int) -> None:
+        super().__init__(cwd, env, workers=1)
+        self.threads = threads
+
+    def start(self) -> _ThreadedSidecar:
+        env = {"PATH": os.environ["PATH"], **self.env}
+        cmd = [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{self.port}"]
+        cmd += ["--workers", "1", "--threads", str(self.threads)]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.base + "/readyz", timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise RuntimeError(f"serve did not become ready: {self.log.read_text()[-2000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("which", APIS)
+def test_streams_are_relayed_under_gunicorn(
+    tmp_path: Path, llm: FakeLLM, threads: int, which: str
+) -> None:
+    """The first text event is relayed through a real server while the upstream holds
+    the rest, under the sync worker (1 thread) and the gthread worker alike."""
+    config = tmp_path / "loopstop.yaml"
+    config.write_text(f"model_gate: {{upstream_url: '{llm.base}', timeout_s: 10}}\n")
+    env = {"LOOPSTOP_CONFIG": str(config), "LOOPSTOP_STORE": f"sqlite:///{tmp_path / 'g.db'}"}
+    server = _ThreadedSidecar(tmp_path, env, threads).start()
+    try:
+        task_id = requests.post(server.base + "/v1/tasks", json={}, timeout=5).json()["task"][
+            "task_id"
+        ]
+        llm.mode = "final"
+        llm.hold = threading.Event()
+        path, body = build(which, task_id, stream=True)
+        with requests.post(
+            server.base + path,
+            json=body,
+            stream=True,
+            timeout=10,
+        ) as r:
+            assert r.status_code == 200 and r.headers["Content-Type"].startswith(
+                "text/event-stream"
+            )
+            seen = b""
+            chunks = r.iter_content(chunk_size=None)
+            while b"FINAL " not in seen:
+                seen += next(chunks)
+            assert not llm.stream_done.is_set()
+            llm.hold.set()
+            rest = b"".join(chunks)
+        assert (b"response.completed" if which == "responses" else b"[DONE]") in rest
+        used_now = requests.get(f"{server.base}/v1/tasks/{task_id}", timeout=5).json()
+        assert used_now["task"]["used"]["tokens"] == 10
+    finally:
+        server.stop()

@@ -24,7 +24,7 @@ bp = Blueprint("model_gate", __name__, url_prefix="/v1/openai")
 
 
 def _log(record: TurnRecord) -> None:
-    if record.decision in ("admit", "deny", "deny_tool_call"):
+    if record.task_id is not None:  # a tracked turn: refused, or admitted whatever followed
         metrics.MODEL_TURNS.labels("deny" if record.decision == "deny" else "admit").inc()
     if record.tokens:
         metrics.MODEL_TOKENS.inc(record.tokens)

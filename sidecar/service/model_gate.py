@@ -914,7 +914,7 @@ class ModelGate:
         for a block to fill), until the upstream ends it."""
         raw = resp.raw
         while True:
-            data = raw.read1(65536)
+            data = raw.read1(65536, decode_content=True)
             if not data:
                 return
             yield data
