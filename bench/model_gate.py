@@ -13,6 +13,7 @@ Run: ``.venv/bin/python bench/model_gate.py [turns]`` (default 400 per case).
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -58,8 +59,8 @@ def main(turns: int) -> None:
                     "max_model_calls": 10**6,
                     "max_tool_calls": 10**6,
                     "max_same_call": 10**6,
-                    "max_cycle_repeats": 10**6,
-                    "max_tokens": 10**12,
+                    "max_cycle_repeats": 1000,
+                    "max_tokens": 10**10,
                     "deadline_s": 86400,
                 },
                 "model_gate": {"upstream_url": llm.base, "timeout_s": 10},
@@ -69,7 +70,11 @@ def main(turns: int) -> None:
         )
         client = app.test_client()
         direct = requests.Session()
-        print(f"model gate, {turns} turns per case, SQLite store, fake upstream on loopback")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(
+            f"model gate, {turns} turns per case, SQLite store (synchronous=FULL), fake upstream "
+            f"on loopback; load average {load} on {os.cpu_count()} CPUs"
+        )
         print(
             f"{'case':34} {'upstream p50':>12} {'gate p50':>9} {'added p50':>10} {'added p90':>10}"
         )

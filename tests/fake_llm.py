@@ -244,6 +244,7 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
 def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
     class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # each event leaves at once (no 40 ms delayed-ACK stalls)
 
         def do_GET(self) -> None:
             if self.path.endswith("/models"):
