@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from flask import Blueprint, Response, g, jsonify, stream_with_context
+from flask import Blueprint, Response, g, has_request_context, jsonify, stream_with_context
 
 from sidecar import metrics
 from sidecar.api.body import read_json_object
@@ -54,7 +54,8 @@ def _answer(answer: GateAnswer) -> Response:
         try:
             yield from events
         finally:
-            _log(answer.record)
+            if has_request_context():  # a stream dropped unread is closed by the collector
+                _log(answer.record)
 
     return Response(
         stream_with_context(relay()),
