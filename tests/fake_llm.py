@@ -1,13 +1,31 @@
 """A fake OpenAI-compatible upstream for the model gate tests (loopback only).
 
-It records every request and answers by ``mode``: ``tool_call`` (always the
-same call of the first offered tool), ``final`` (a plain answer), ``429`` / ``500`` (an
-OpenAI-style error), ``slow`` (answers after 2 s).
+It speaks both APIs n8n uses: ``POST /responses`` (the Responses API) and
+``POST /chat/completions``, each streamed (Server-Sent Events, chunked
+transfer encoding, as OpenAI sends them) when the request says
+``stream: true``. It records every request and answers by ``mode``:
+
+- ``tool_call``: always the same call (the first offered tool, every
+  schema property ``"again"``), a new call id each time;
+- ``final``: a plain text answer (``FINAL answer``);
+- ``text_then_tool``: some text, then the same call as ``tool_call``;
+- ``429`` / ``500``: an OpenAI-style error; ``502_html``: a 502 with an HTML page;
+- ``garbage``: a 200 whose body is not JSON (streamed: an event that is not JSON);
+- ``no_usage``: as ``final`` without any usage;
+- ``cut``: a stream that breaks after its first text event (non-streamed:
+  the connection closes mid-body);
+- ``slow``: answers after 2 s.
+
+``hold`` (a :class:`threading.Event`), when set on the instance, makes a
+stream pause after its first text event until the test sets it: the test
+can see what the gate relayed before the upstream finished.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,15 +34,31 @@ from typing import Any
 
 from local_http import JsonHandler, running
 
+USAGE_CHAT = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+USAGE_RESPONSES = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
+TEXT_PARTS = ["FINAL ", "ans", "wer"]
+
 
 class FakeLLM:
     def __init__(self) -> None:
         self.mode = "tool_call"
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self.auth: list[str | None] = []
         self.base = ""
+        self.hold: threading.Event | None = None
+        #: set once a stream has sent its first text event (with ``hold``)
+        self.first_sent = threading.Event()
+        #: set when a stream has been written out whole
+        self.stream_done = threading.Event()
+        #: ``time.perf_counter()`` just before the last stream's first text event was sent
+        self.first_text_at: float | None = None
+        self._ids = itertools.count(1)
 
-    def answer(self, req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def error(self) -> tuple[int, dict[str, Any]] | None:
         if self.mode in ("429", "500"):
             return int(self.mode), {
                 "error": {
@@ -33,37 +67,11 @@ class FakeLLM:
                     "code": None,
                 }
             }
-        if self.mode == "slow":
-            time.sleep(2)
-        if self.mode == "tool_call":
-            name, arguments = _first_tool(req)
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(arguments)},
-                    }
-                ],
-            }
-            finish = "tool_calls"
-        else:
-            message = {"role": "assistant", "content": "FINAL answer"}
-            finish = "stop"
-        return 200, {
-            "id": "chatcmpl-fake",
-            "object": "chat.completion",
-            "created": 0,
-            "model": req.get("model", "fake-model"),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
-        }
+        return None
 
 
-def _first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The first offered tool and the same arguments for it every time.
+def first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The first offered tool (either API's tool shape) and the same arguments for it every time.
 
     Each property of the tool's JSON schema gets the string ``"again"``; a
     request without tools asks for ``echo`` with ``{"note": "again"}``.
@@ -71,14 +79,172 @@ def _first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     tools = req.get("tools") or []
     if not tools:
         return "echo", {"note": "again"}
-    function = tools[0].get("function", {})
+    tool = tools[0]
+    function = tool.get("function") or tool
     props = (function.get("parameters") or {}).get("properties") or {}
     return function.get("name", "echo"), {k: "again" for k in props} or {"note": "again"}
+
+
+# -- chat completions --------------------------------------------------------------------
+
+
+def chat_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
+    n = llm.next_id()
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    finish = "stop"
+    if llm.mode in ("tool_call", "text_then_tool"):
+        name, arguments = first_tool(req)
+        message["tool_calls"] = [
+            {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        ]
+        finish = "tool_calls"
+    if llm.mode != "tool_call":
+        message["content"] = "".join(TEXT_PARTS)
+    out: dict[str, Any] = {
+        "id": f"chatcmpl-fake-{n}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": req.get("model", "fake-model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    if llm.mode != "no_usage":
+        out["usage"] = USAGE_CHAT
+    return out
+
+
+def chat_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None, Any]]:
+    answer = chat_answer(llm, req)
+    head = {k: answer[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    message = answer["choices"][0]["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    yield None, chunk({"role": "assistant", "content": ""})
+    if message["content"]:
+        for part in TEXT_PARTS:
+            yield "text", chunk({"content": part})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        start = {"index": i, "id": call["id"], "type": "function"}
+        yield (
+            None,
+            chunk({"tool_calls": [{**start, "function": {"name": fn["name"], "arguments": ""}}]}),
+        )
+        half = len(fn["arguments"]) // 2
+        for piece in (fn["arguments"][:half], fn["arguments"][half:]):
+            yield None, chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+    yield None, chunk({}, answer["choices"][0]["finish_reason"])
+    if (req.get("stream_options") or {}).get("include_usage") and "usage" in answer:
+        yield None, {**head, "choices": [], "usage": answer["usage"]}
+    yield None, "[DONE]"
+
+
+# -- the Responses API ------------------------------------------------------------------------
+
+
+def responses_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
+    n = llm.next_id()
+    output: list[dict[str, Any]] = []
+    if llm.mode != "tool_call":
+        text = "".join(TEXT_PARTS)
+        output.append(
+            {
+                "id": f"msg_fake{n}",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    if llm.mode in ("tool_call", "text_then_tool"):
+        name, arguments = first_tool(req)
+        output.append(
+            {
+                "id": f"fc_fake{n}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": f"call_{n}",
+                "name": name,
+                "arguments": json.dumps(arguments),
+            }
+        )
+    out: dict[str, Any] = {
+        "id": f"resp_fake{n}",
+        "object": "response",
+        "created_at": 0,
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "model": req.get("model", "fake-model"),
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": req.get("tools") or [],
+        "usage": None if llm.mode == "no_usage" else USAGE_RESPONSES,
+    }
+    return out
+
+
+def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None, Any]]:
+    """The events OpenAI streams for a Response (the subset n8n's client reads and more)."""
+    answer = responses_answer(llm, req)
+    seq = itertools.count()
+
+    def ev(kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "sequence_number": next(seq), **fields}
+
+    started = {**answer, "status": "in_progress", "output": [], "usage": None}
+    yield None, ev("response.created", response=started)
+    yield None, ev("response.in_progress", response=started)
+    for index, item in enumerate(answer["output"]):
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            yield (
+                None,
+                ev(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "content": []},
+                ),
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            yield None, ev("response.content_part.added", **at, part=part)
+            for piece in TEXT_PARTS:
+                yield "text", ev("response.output_text.delta", **at, delta=piece)
+            yield None, ev("response.output_text.done", **at, text=text)
+            yield None, ev("response.content_part.done", **at, part={**part, "text": text})
+        else:
+            at = {"item_id": item["id"], "output_index": index}
+            yield (
+                None,
+                ev(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                ),
+            )
+            args = item["arguments"]
+            for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
+                yield None, ev("response.function_call_arguments.delta", **at, delta=piece)
+            yield None, ev("response.function_call_arguments.done", **at, arguments=args)
+        yield None, ev("response.output_item.done", output_index=index, item=item)
+    yield None, ev("response.completed", response=answer)
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
 
 
 def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
     class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # each event leaves at once (no 40 ms delayed-ACK stalls)
 
         def do_GET(self) -> None:
             if self.path.endswith("/models"):
@@ -93,13 +259,82 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 )
             return self._json(404, {"error": {"message": "no"}})
 
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _stream(self, events: Iterator[tuple[str | None, Any]], named: bool) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            texts = 0
+            for tag, data in events:
+                if llm.mode == "garbage" and tag == "text":
+                    self._chunk(b"data: {not json\n\n")
+                    break
+                text = data if isinstance(data, str) else json.dumps(data)
+                head = f"event: {data['type']}\n" if named and isinstance(data, dict) else ""
+                if tag == "text" and texts == 0:
+                    llm.first_text_at = time.perf_counter()
+                self._chunk((head + f"data: {text}\n\n").encode())
+                if tag == "text":
+                    texts += 1
+                    if texts == 1:
+                        if llm.mode == "cut":
+                            self.close_connection = True
+                            return  # no terminating chunk: the stream breaks here
+                        if llm.hold is not None:
+                            llm.first_sent.set()
+                            llm.hold.wait(10)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            llm.stream_done.set()
+
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             req = json.loads(raw or b"{}")
             llm.requests.append(req)
+            llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))
-            status, body = llm.answer(req)
-            self._json(status, body)
+            failed = llm.error()
+            if failed is not None:
+                return self._json(*failed)
+            if llm.mode == "502_html":
+                page = b"<html><body>Bad gateway</body></html>"
+                self.send_response(502)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+                return None
+            if llm.mode == "slow":
+                time.sleep(2)
+            responses = self.path.endswith("/responses")
+            if not responses and not self.path.endswith("/chat/completions"):
+                return self._json(404, {"error": {"message": f"no route {self.path}"}})
+            if req.get("stream"):
+                events = responses_events(llm, req) if responses else chat_events(llm, req)
+                return self._stream(events, named=responses)
+            if llm.mode == "garbage":
+                body = b"this is not json"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return None
+            answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
+            if llm.mode == "cut":
+                body = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[: len(body) // 2])
+                self.close_connection = True
+                return None
+            return self._json(200, answer)
 
     return Handler
 

@@ -1,19 +1,37 @@
-"""The model gate: an OpenAI-compatible endpoint that admits and counts every
-model turn, and ends a stopped task with a plain final message (both stores)."""
+"""The model gate: an OpenAI-compatible endpoint (Responses API and Chat
+Completions, streamed or not) that admits and counts every model turn and
+every tool call the model proposes, and ends an ended task with a plain
+final message in the caller's own format. Driven through the app against a
+real local fake upstream (tests/fake_llm.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+import sseclient
 from fake_llm import FakeLLM, serve
+from flask import Flask
+from test_serve import Sidecar
 from test_tasks_api import Agent
 
-from conftest import N8N_TOKEN, Api, AppFactory
+from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
+from sidecar.service import keys
 
 CHAT = "/v1/openai/chat/completions"
+RESPONSES = "/v1/openai/responses"
+APIS = ["chat", "responses"]
+GATE = {"default_model": "fake-model", "api_key_env": "UPSTREAM_KEY", "timeout_s": 1}
 
 
 @pytest.fixture
@@ -22,73 +40,219 @@ def llm() -> Iterator[FakeLLM]:
         yield fake
 
 
+def gate_app(make_app: AppFactory, llm: FakeLLM, **config: Any) -> Flask:
+    gate = {**GATE, "upstream_url": llm.base, **config.pop("model_gate", {})}
+    return make_app(model_gate=gate, environ={"UPSTREAM_KEY": "sk-upstream-secret"}, **config)
+
+
 @pytest.fixture
 def api(make_app: AppFactory, llm: FakeLLM) -> Api:
-    app = make_app(
-        model_gate={
-            "upstream_url": llm.base,
-            "api_key_env": "UPSTREAM_KEY",
-            "default_model": "fake-model",
-            "timeout_s": 1,
-        },
-        environ={"UPSTREAM_KEY": "sk-upstream-secret"},
-    )
-    return Api(app.test_client())
+    return Api(gate_app(make_app, llm).test_client())
+
+
+def system_text(task_id: str | None, extra: str = "") -> str:
+    return "You are a support agent." + (f"\nloopstop-task: {task_id}" if task_id else "") + extra
 
 
 def request(task_id: str | None, **extra: Any) -> dict[str, Any]:
-    system = "You are a support agent." + (f"\nloopstop-task: {task_id}" if task_id else "")
+    """A chat completions request as n8n's OpenAI Chat Model sends it."""
     return {
         "model": "fake-model",
         "messages": [
-            {"role": "system", "content": system},
+            {"role": "system", "content": system_text(task_id, extra.pop("system_extra", ""))},
             {"role": "user", "content": "Where is my order ORD-7?"},
+            *extra.pop("history", []),
         ],
         "tools": [{"type": "function", "function": {"name": "echo", "parameters": {}}}],
         **extra,
     }
 
 
+def responses_request(task_id: str | None, **extra: Any) -> dict[str, Any]:
+    """A Responses API request as n8n 2.x's OpenAI Chat Model (v1.3) sends it: the
+    System Message as a ``system`` input item."""
+    return {
+        "model": "fake-model",
+        "input": [
+            {
+                "type": "message",
+                "role": "system",
+                "content": system_text(task_id, extra.pop("system_extra", "")),
+            },
+            {"type": "message", "role": "user", "content": "Where is my order ORD-7?"},
+            *extra.pop("history", []),
+        ],
+        "tools": [{"type": "function", "name": "echo", "parameters": {}, "strict": None}],
+        **extra,
+    }
+
+
+def build(which: str, task_id: str | None, **extra: Any) -> tuple[str, dict[str, Any]]:
+    if which == "chat":
+        return CHAT, request(task_id, **extra)
+    return RESPONSES, responses_request(task_id, **extra)
+
+
 def chat(api: Api, body: dict[str, Any], token: str | None = "default") -> tuple[int, Any]:
     return api.post(CHAT, body, token=token)
 
 
-def test_turns_are_admitted_forwarded_and_counted(api: Api, llm: FakeLLM) -> None:
+def turn(api: Api, which: str, task_id: str | None, **extra: Any) -> tuple[int, Any]:
+    path, body = build(which, task_id, **extra)
+    return api.post(path, body)
+
+
+def text_of(which: str, answer: dict[str, Any]) -> str:
+    """The assistant text of a completion or a Response."""
+    if which == "chat":
+        return str(answer["choices"][0]["message"]["content"] or "")
+    return "".join(
+        part["text"]
+        for item in answer["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+
+
+def calls_of(which: str, answer: dict[str, Any]) -> list[str]:
+    """The call ids an answer proposes."""
+    if which == "chat":
+        return [c["id"] for c in answer["choices"][0]["message"].get("tool_calls") or []]
+    return [i["call_id"] for i in answer["output"] if i["type"] == "function_call"]
+
+
+def output_item(which: str, call_id: str, output: str) -> list[dict[str, Any]]:
+    """The history an agent sends back after running a proposed call."""
+    if which == "chat":
+        return [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "echo", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": output},
+        ]
+    return [
+        {"type": "function_call", "call_id": call_id, "name": "echo", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": call_id, "output": output},
+    ]
+
+
+def task_doc(api: Api, task_id: str) -> dict[str, Any]:
+    """The stored task (its call history is not part of the HTTP view)."""
+    app = api.client.application
+    doc = app.extensions["loopstop"].store.get(keys.task("p", task_id))
+    assert doc is not None
+    return dict(doc)
+
+
+def used(api: Api, task_id: str) -> dict[str, Any]:
+    return dict(api.get(f"/v1/tasks/{task_id}")[1]["task"]["used"])
+
+
+def stream(api: Api, path: str, body: dict[str, Any]) -> tuple[int, list[sseclient.Event], Any]:
+    """Send a streamed request; returns the status, the events and the raw response."""
+    r = api.client.post(path, json=body, headers={"Authorization": f"Bearer {N8N_TOKEN}"})
+    if r.status_code != 200:
+        return r.status_code, [], r.get_json(silent=True)
+    assert r.mimetype == "text/event-stream"
+    return 200, list(sseclient.SSEClient([r.get_data()]).events()), r
+
+
+def jsons(events: list[sseclient.Event]) -> list[dict[str, Any]]:
+    return [json.loads(e.data) for e in events if e.data != "[DONE]"]
+
+
+# -- item 1: both APIs, counted ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_turns_are_admitted_forwarded_and_counted(api: Api, llm: FakeLLM, which: str) -> None:
     a = Agent(api)
+    llm.mode = "final"
     for _ in range(3):
-        status, out = chat(api, request(a.id))
-        assert status == 200 and out["choices"][0]["finish_reason"] == "tool_calls"
-    task = api.get(a.base)[1]["task"]
-    assert task["used"]["model_calls"] == 3 and task["used"]["tokens"] == 30
+        status, out = turn(api, which, a.id)
+        assert status == 200 and text_of(which, out) == "FINAL answer"
+    assert used(api, a.id)["model_calls"] == 3
+    # Responses: input_tokens + output_tokens (7 + 3); chat: total_tokens (10)
+    assert used(api, a.id)["tokens"] == 30
     assert len(llm.requests) == 3
+    assert llm.paths == ["/v1" + ("/chat/completions" if which == "chat" else "/responses")] * 3
     assert llm.auth[-1] == "Bearer sk-upstream-secret"
 
 
-def test_model_budget_answers_a_final_message_without_the_upstream(api: Api, llm: FakeLLM) -> None:
+def test_the_task_line_may_stand_in_instructions_or_a_developer_item(
+    api: Api, llm: FakeLLM
+) -> None:
+    a = Agent(api)
+    llm.mode = "final"
+    body = {"model": "m", "instructions": f"Be brief.\nloopstop-task: {a.id}", "input": "hi"}
+    assert api.post(RESPONSES, body)[0] == 200
+    body = {
+        "model": "m",
+        "input": [
+            {
+                "role": "developer",
+                "content": [{"type": "input_text", "text": f"loopstop-task: {a.id}"}],
+            },
+            {"role": "user", "content": "hi"},
+        ],
+    }
+    assert api.post(RESPONSES, body)[0] == 200
+    assert used(api, a.id)["model_calls"] == 2
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_model_budget_answers_a_final_message_without_the_upstream(
+    api: Api, llm: FakeLLM, which: str
+) -> None:
     a = Agent(api, limits={"max_model_calls": 2})
+    llm.mode = "final"
     for _ in range(2):
-        assert chat(api, request(a.id))[0] == 200
-    status, out = chat(api, request(a.id))
+        assert turn(api, which, a.id)[0] == 200
+    status, out = turn(api, which, a.id)
     assert status == 200
-    choice = out["choices"][0]
-    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
-    assert "partial (model_budget)" in choice["message"]["content"]
+    assert "partial (model_budget)" in text_of(which, out)
+    assert f"GET /v1/tasks/{a.id}" in text_of(which, out)
+    if which == "chat":
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    else:
+        assert out["object"] == "response" and out["status"] == "completed"
+        (item,) = out["output"]
+        assert (item["type"], item["role"], item["content"][0]["type"]) == (
+            "message",
+            "assistant",
+            "output_text",
+        )
+        assert item["content"][0]["annotations"] == []  # n8n's client maps over them
     assert len(llm.requests) == 2
     assert api.get(a.base)[1]["envelope"]["reason"] == "model_budget"
 
 
-def test_token_budget_ends_the_task_before_the_next_turn(api: Api, llm: FakeLLM) -> None:
+@pytest.mark.parametrize("which", APIS)
+def test_token_budget_ends_the_task_before_the_next_turn(
+    api: Api, llm: FakeLLM, which: str
+) -> None:
     a = Agent(api, limits={"max_tokens": 25})
+    llm.mode = "final"
     for _ in range(3):
-        chat(api, request(a.id))
+        turn(api, which, a.id)
     assert len(llm.requests) == 3  # 10 + 10 + 10 tokens: the third turn crossed the budget
-    status, out = chat(api, request(a.id))
-    assert status == 200 and "token_budget" in out["choices"][0]["message"]["content"]
+    status, out = turn(api, which, a.id)
+    assert status == 200 and "token_budget" in text_of(which, out)
     assert len(llm.requests) == 3
 
 
 def test_a_task_stopped_through_its_tools_ends_the_agent(api: Api, llm: FakeLLM) -> None:
     a = Agent(api, limits={"max_same_call": 1})
+    llm.mode = "final"
     chat(api, request(a.id))
     a.result(a.call("echo", {"note": "again"}), result={"ok": True})
     assert a.call("echo", {"note": "again"})["reason"] == "same_call"
@@ -97,41 +261,331 @@ def test_a_task_stopped_through_its_tools_ends_the_agent(api: Api, llm: FakeLLM)
     assert len(llm.requests) == 1
 
 
-def test_wrap_up_is_injected_at_the_ratio(api: Api, llm: FakeLLM) -> None:
+@pytest.mark.parametrize("which", APIS)
+def test_wrap_up_is_injected_at_the_ratio(api: Api, llm: FakeLLM, which: str) -> None:
     a = Agent(api, limits={"max_model_calls": 4, "wrap_up_ratio": 0.5})
-    chat(api, request(a.id))
-    assert not any("Conclude now" in str(m) for m in llm.requests[-1]["messages"])
-    chat(api, request(a.id))
-    last = llm.requests[-1]["messages"][-1]
+    llm.mode = "final"
+    key = "messages" if which == "chat" else "input"
+    turn(api, which, a.id)
+    assert not any("Conclude now" in str(m) for m in llm.requests[-1][key])
+    turn(api, which, a.id)
+    last = llm.requests[-1][key][-1]
     assert last["role"] == "system" and "Conclude now" in last["content"]
 
 
-def test_auth_task_line_and_streaming(api: Api, make_app: AppFactory, llm: FakeLLM) -> None:
+# -- item 2: streaming -------------------------------------------------------------------------
+
+
+def test_a_responses_stream_is_relayed_and_its_usage_counted(api: Api, llm: FakeLLM) -> None:
+    a = Agent(api)
+    llm.mode = "final"
+    status, events, _ = stream(api, RESPONSES, responses_request(a.id, stream=True))
+    assert status == 200
+    kinds = [e.event for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    deltas = [d["delta"] for d in jsons(events) if d["type"] == "response.output_text.delta"]
+    assert deltas == ["FINAL ", "ans", "wer"]
+    assert llm.requests[-1]["stream"] is True
+    assert used(api, a.id) | {"tokens": used(api, a.id)["tokens"]} == used(api, a.id)
+    assert (used(api, a.id)["model_calls"], used(api, a.id)["tokens"]) == (1, 10)
+
+
+@pytest.mark.parametrize("client_asks", [False, True])
+def test_a_chat_stream_asks_for_usage_and_shows_it_only_when_asked(
+    api: Api, llm: FakeLLM, client_asks: bool
+) -> None:
+    a = Agent(api)
+    llm.mode = "final"
+    extra = {"stream_options": {"include_usage": True}} if client_asks else {}
+    status, events, _ = stream(api, CHAT, request(a.id, stream=True, **extra))
+    assert status == 200 and events[-1].data == "[DONE]"
+    assert llm.requests[-1]["stream_options"]["include_usage"] is True
+    chunks = jsons(events)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "FINAL answer"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    usage_chunks = [c for c in chunks if c.get("usage")]
+    assert len(usage_chunks) == (1 if client_asks else 0)
+    assert used(api, a.id)["tokens"] == 10
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_text_is_relayed_before_the_upstream_has_finished(
+    api: Api, llm: FakeLLM, which: str
+) -> None:
+    """The first text event reaches the agent while the upstream still holds the rest."""
+    a = Agent(api)
+    llm.mode = "text_then_tool"
+    llm.hold = threading.Event()
+    path, body = build(which, a.id, stream=True)
+    r = api.client.post(
+        path, json=body, headers={"Authorization": f"Bearer {N8N_TOKEN}"}, buffered=False
+    )
+    seen = b""
+    chunks = iter(r.response)
+    while b"FINAL " not in seen:
+        seen += next(chunks)
+    assert not llm.stream_done.is_set()  # the upstream is held after its first text event
+    assert b'"function_call"' not in seen and b'"tool_calls"' not in seen  # held until decided
+    llm.hold.set()
+    rest = b"".join(chunks)
+    r.close()
+    assert llm.stream_done.is_set()
+    assert (b'"function_call"' if which == "responses" else b'"tool_calls"') in rest
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_a_refused_streamed_turn_is_a_valid_stream(api: Api, llm: FakeLLM, which: str) -> None:
+    a = Agent(api, limits={"max_model_calls": 1})
+    llm.mode = "final"
+    path, body = build(which, a.id, stream=True)
+    assert stream(api, path, body)[0] == 200
+    status, events, _ = stream(api, path, body)
+    assert status == 200 and len(llm.requests) == 1
+    if which == "responses":
+        kinds = [e.event for e in events]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert "response.output_text.delta" in kinds
+        done = jsons(events)[-1]["response"]
+        assert done["status"] == "completed"
+        assert "partial (model_budget)" in text_of("responses", done)
+        assert [d["sequence_number"] for d in jsons(events)] == list(range(len(events)))
+    else:
+        chunks = jsons(events)
+        assert events[-1].data == "[DONE]"
+        assert "model_budget" in chunks[0]["choices"][0]["delta"]["content"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("which", APIS)
+@pytest.mark.parametrize("mode", ["cut", "garbage"])
+def test_a_broken_stream_ends_with_an_error_and_is_never_free(
+    api: Api, llm: FakeLLM, which: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = Agent(api)
+    llm.mode = mode
+    path, body = build(which, a.id, stream=True)
+    with caplog.at_level(logging.INFO, logger="loopstop.decisions"):
+        status, events, _ = stream(api, path, body)
+    assert status == 200  # the stream had begun: the error is its last event
+    last = json.loads(events[-1].data)
+    assert last["error"]["code"] in ("upstream_stream_cut", "bad_upstream_response")
+    assert last["error"]["message"]
+    assert used(api, a.id)["model_calls"] == 1
+    assert used(api, a.id)["tokens"] > 0  # estimated
+    line = json.loads(caplog.records[-1].getMessage())
+    assert line["usage"] == "estimated" and line["decision"] == "upstream_error"
+
+
+# -- item 3: tool calls at the gate ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_a_repeated_tool_call_is_ended_at_max_same_call(api: Api, llm: FakeLLM, which: str) -> None:
+    """The model repeats one call: the first ``max_same_call`` are relayed (and their
+    outputs recorded as results), the next proposal is answered with the final message."""
+    a = Agent(api, limits={"max_same_call": 2})
+    llm.mode = "tool_call"
+    history: list[dict[str, Any]] = []
+    proposed: list[str] = []
+    for n in range(2):
+        status, out = turn(api, which, a.id, history=history)
+        assert status == 200
+        (call_id,) = calls_of(which, out)
+        proposed.append(call_id)
+        history = history + output_item(which, call_id, f"note {n} added")
+    status, out = turn(api, which, a.id, history=history)
+    assert status == 200 and calls_of(which, out) == []
+    assert "partial (same_call)" in text_of(which, out)
+    envelope = api.get(a.base)[1]["envelope"]
+    assert (envelope["status"], envelope["reason"]) == ("partial", "same_call")
+    calls = task_doc(api, a.id)["calls"]
+    # the upstream's call ids are the task's call ids; both outputs came back as results
+    assert [c["call_id"] for c in calls] == proposed
+    assert [c["status"] for c in calls] == ["ok", "ok"]
+    assert used(api, a.id)["tool_calls"] == 2
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_an_output_identical_to_one_seen_is_idle(api: Api, llm: FakeLLM, which: str) -> None:
+    a = Agent(api, limits={"max_same_call": 2, "max_idle": 3})
+    llm.mode = "tool_call"
+    history: list[dict[str, Any]] = []
+    for _ in range(2):
+        (call_id,) = calls_of(which, turn(api, which, a.id, history=history)[1])
+        history = history + output_item(which, call_id, "the same output")
+    turn(api, which, a.id, history=history)
+    assert used(api, a.id)["idle"] == 1
+    assert task_doc(api, a.id)["validated_revision"] == 0  # a model's output is never evidence
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_a_streamed_proposal_is_decided_before_it_is_relayed(
+    api: Api, llm: FakeLLM, which: str
+) -> None:
+    a = Agent(api, limits={"max_same_call": 1})
+    llm.mode = "text_then_tool"
+    path, body = build(which, a.id, stream=True)
+    status, events, _ = stream(api, path, body)
+    assert status == 200
+    first = jsons(events)
+    if which == "responses":
+        assert [i["type"] for i in first[-1]["response"]["output"]] == ["message", "function_call"]
+        (call_id,) = calls_of(which, first[-1]["response"])
+    else:
+        (call_id,) = [
+            c["id"]
+            for ch in first
+            if ch["choices"]
+            for c in ch["choices"][0]["delta"].get("tool_calls") or []
+            if c.get("id")
+        ]
+    path, body = build(which, a.id, stream=True, history=output_item(which, call_id, "done"))
+    status, events, _ = stream(api, path, body)
+    assert status == 200
+    raw = "".join(e.data for e in events)
+    assert "function_call_arguments" not in raw and '"tool_calls"' not in raw
+    assert "FINAL answer" in raw.replace('"', "").replace(",", "") or "FINAL " in raw
+    assert "partial (same_call)" in raw
+    if which == "responses":
+        done = jsons(events)[-1]
+        assert done["type"] == "response.completed"
+        assert [i["type"] for i in done["response"]["output"]] == ["message", "message"]
+    else:
+        assert events[-1].data == "[DONE]"
+        finishes = [c["choices"][0]["finish_reason"] for c in jsons(events) if c["choices"]]
+        assert finishes[-1] == "stop" and "tool_calls" not in finishes
+    assert api.get(a.base)[1]["envelope"]["reason"] == "same_call"
+
+
+def test_a_tool_outside_the_policy_is_denied(make_app: AppFactory, llm: FakeLLM) -> None:
+    api = Api(
+        gate_app(make_app, llm, policies={"narrow": {"tools": ["search_orders"]}}).test_client()
+    )
+    a = Agent(api, policy="narrow")
+    status, out = chat(api, request(a.id))
+    assert status == 200 and "blocked (policy_denied)" in out["choices"][0]["message"]["content"]
+    assert "tool_calls" not in out["choices"][0]["message"]
+
+
+def test_the_configured_kind_of_a_tool_is_used(make_app: AppFactory, llm: FakeLLM) -> None:
+    """A poll is exempt from the identical-call rule; a write is left to the flow's
+    Loop Stop node (it needs an operation id) and relayed unadmitted."""
+    app = gate_app(make_app, llm, tools={"echo": {"kind": "poll"}, "send": {"kind": "write"}})
+    api = Api(app.test_client())
+    a = Agent(api, limits={"max_same_call": 1})
+    for _ in range(3):
+        assert calls_of("chat", chat(api, request(a.id))[1])
+    assert used(api, a.id)["polls"] == 3
+    body = request(a.id)
+    body["tools"] = [{"type": "function", "function": {"name": "send", "parameters": {}}}]
+    out = chat(api, body)[1]
+    assert out["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "send"
+    assert used(api, a.id)["tool_calls"] == 3
+
+
+# -- item 4: a task by key ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_a_task_key_line_creates_then_continues_the_task(
+    make_app: AppFactory, llm: FakeLLM, which: str
+) -> None:
+    api = Api(
+        gate_app(
+            make_app, llm, policies={"tight": {"limits": {"max_model_calls": 2}}}
+        ).test_client()
+    )
+    llm.mode = "final"
+    lines = "\nloopstop-task-key: wf-9-T-1\nloopstop-workflow: wf-9\nloopstop-policy: tight"
+    for _ in range(2):
+        status, out = turn(api, which, None, system_extra=lines)
+        assert status == 200 and text_of(which, out) == "FINAL answer"
+    status, out = turn(api, which, None, system_extra=lines)
+    assert "partial (model_budget)" in text_of(which, out)
+    status, created = api.post("/v1/tasks", {"task_key": "wf-9-T-1", "workflow": "wf-9"})
+    assert status == 200  # the same task: made by the gate under that key
+    task = created["task"]
+    assert (task["policy"], task["used"]["model_calls"]) == ("tight", 2)
+    assert task_doc(api, task["task_id"])["attempt"] == 1  # every turn in one run
+    assert len(llm.requests) == 2
+
+
+def test_a_task_key_is_checked_as_post_tasks_checks_it(make_app: AppFactory, llm: FakeLLM) -> None:
+    api = Api(gate_app(make_app, llm).test_client())
+    status, out = chat(
+        api, request(None, system_extra="\nloopstop-task-key: k\nloopstop-policy: nope")
+    )
+    assert status == 422 and "nope" in out["detail"]
+    scoped = Api(api.client, token=SCOPED_TOKEN)
+    status, _ = chat(
+        scoped, request(None, system_extra="\nloopstop-task-key: k\nloopstop-workflow: wf-x")
+    )
+    assert status == 403
+    status, out = chat(api, request(None, system_extra="\nloopstop-task-key: \x07"))
+    assert status == 400
+    assert llm.requests == []
+
+
+# -- items 6 and 7: the credential test, bad input, bad upstreams -------------------------------
+
+
+def test_auth_task_line_and_bad_bodies(api: Api, make_app: AppFactory, llm: FakeLLM) -> None:
     a = Agent(api)
     assert chat(api, request(a.id), token=None)[0] == 401
     assert chat(api, request(a.id), token="sk-wrong")[0] == 401
     status, out = chat(api, request(None))
     assert status == 400 and "loopstop-task" in out["detail"]
-    status, out = chat(api, request(a.id, stream=True))
-    assert status == 400 and "streaming" in out["detail"]
     status, out = chat(api, request("t00000000000000000000"))
     assert status == 404
-    assert chat(api, {"model": "x", "messages": []})[0] == 400
+    for path, body, field in [
+        (CHAT, {"model": "x", "messages": []}, "messages"),
+        (CHAT, {"model": "x", "input": "hi"}, "messages"),
+        (CHAT, {"messages": [{"content": "no role"}]}, "messages.0.role"),
+        (CHAT, {**request(a.id), "stream": "yes"}, "stream"),
+        (RESPONSES, {"model": "x", "messages": [{"role": "user", "content": "hi"}]}, "input"),
+        (RESPONSES, {"model": "x", "input": []}, "input"),
+        (RESPONSES, {"model": "x", "input": ["text"]}, "input.0"),
+        (RESPONSES, {"model": "x", "input": "hi", "instructions": 3}, "instructions"),
+        (RESPONSES, {"model": 7, "input": "hi"}, "model"),
+    ]:
+        status, out = api.post(path, body)
+        assert status == 400, (path, body, out)
+        assert out["type"].endswith("malformed-request")
+        assert out["errors"][0]["loc"] == ["body", *field.split(".")], out
     assert llm.requests == []
+    assert used(api, a.id)["model_calls"] == 0
     loose = Api(
         make_app(model_gate={"upstream_url": llm.base, "allow_untracked": True}).test_client()
     )
-    assert chat(loose, request(None))[0] == 200 and len(llm.requests) == 1
+    llm.mode = "final"
+    assert chat(loose, request(None))[0] == 200
+    assert loose.post(RESPONSES, responses_request(None))[0] == 200
+    assert len(llm.requests) == 2
 
 
-@pytest.mark.parametrize(("mode", "status"), [("429", 429), ("500", 500), ("slow", 504)])
-def test_upstream_errors_are_relayed_openai_style(
-    api: Api, llm: FakeLLM, mode: str, status: int
+@pytest.mark.parametrize("which", APIS)
+@pytest.mark.parametrize(
+    ("mode", "status"),
+    [("429", 429), ("500", 500), ("slow", 504), ("garbage", 502), ("502_html", 502), ("cut", 502)],
+)
+def test_upstream_errors_are_relayed_openai_style_and_counted(
+    api: Api, llm: FakeLLM, which: str, mode: str, status: int
 ) -> None:
     a = Agent(api)
     llm.mode = mode
-    got, out = chat(api, request(a.id))
+    got, out = turn(api, which, a.id)
     assert got == status and isinstance(out["error"], dict) and out["error"]["message"]
+    assert used(api, a.id)["model_calls"] == 1 and used(api, a.id)["tokens"] > 0
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_a_stream_that_never_comes_is_an_error_in_time(api: Api, llm: FakeLLM, which: str) -> None:
+    a = Agent(api)
+    llm.mode = "slow"  # 2 s; the gate's timeout_s is 1
+    path, body = build(which, a.id, stream=True)
+    status, _, out = stream(api, path, body)
+    assert status == 504 and out["error"]["code"] == "timeout"
 
 
 def test_models_list_and_no_prompt_in_logs(api: Api, caplog: pytest.LogCaptureFixture) -> None:
@@ -146,12 +600,85 @@ def test_models_list_and_no_prompt_in_logs(api: Api, caplog: pytest.LogCaptureFi
 
 def test_gate_without_upstream_is_a_clear_problem(make_app: AppFactory) -> None:
     api = Api(make_app().test_client())
-    a = Agent(api)
-    status, out = chat(api, request(a.id))
+    status, out = api.get("/v1/openai/models")
     assert status == 503 and out["type"].endswith("model-gate-not-configured")
+    a = Agent(api)
+    for path, body in (build("chat", a.id), build("responses", a.id)):
+        status, out = api.post(path, body)
+        assert status == 503 and out["type"].endswith("model-gate-not-configured")
     assert api.get(a.base)[1]["task"]["used"]["model_calls"] == 0  # nothing admitted
 
 
 def test_the_n8n_credential_sends_the_token_as_api_key(api: Api) -> None:
     r = api.client.get("/v1/openai/models", headers={"Authorization": f"Bearer {N8N_TOKEN}"})
     assert r.status_code == 200
+
+
+# -- under gunicorn: sync and gthread workers ------------------------------------------------------
+
+
+class _ThreadedSidecar(Sidecar):
+    """``loopstop serve`` with ``--threads`` (1: gunicorn's sync worker; more: gthread)."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], threads: int) -> None:
+        super().__init__(cwd, env, workers=1)
+        self.threads = threads
+
+    def start(self) -> _ThreadedSidecar:
+        env = {"PATH": os.environ["PATH"], **self.env}
+        cmd = [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{self.port}"]
+        cmd += ["--workers", "1", "--threads", str(self.threads)]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.base + "/readyz", timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise RuntimeError(f"serve did not become ready: {self.log.read_text()[-2000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("which", APIS)
+def test_streams_are_relayed_under_gunicorn(
+    tmp_path: Path, llm: FakeLLM, threads: int, which: str
+) -> None:
+    """The first text event is relayed through a real server while the upstream holds
+    the rest, under the sync worker (1 thread) and the gthread worker alike."""
+    config = tmp_path / "loopstop.yaml"
+    config.write_text(f"model_gate: {{upstream_url: '{llm.base}', timeout_s: 10}}\n")
+    env = {"LOOPSTOP_CONFIG": str(config), "LOOPSTOP_STORE": f"sqlite:///{tmp_path / 'g.db'}"}
+    server = _ThreadedSidecar(tmp_path, env, threads).start()
+    try:
+        task_id = requests.post(server.base + "/v1/tasks", json={}, timeout=5).json()["task"][
+            "task_id"
+        ]
+        llm.mode = "final"
+        llm.hold = threading.Event()
+        path, body = build(which, task_id, stream=True)
+        with requests.post(
+            server.base + path,
+            json=body,
+            stream=True,
+            timeout=10,
+        ) as r:
+            assert r.status_code == 200 and r.headers["Content-Type"].startswith(
+                "text/event-stream"
+            )
+            seen = b""
+            chunks = r.iter_content(chunk_size=None)
+            while b"FINAL " not in seen:
+                seen += next(chunks)
+            assert not llm.stream_done.is_set()
+            llm.hold.set()
+            rest = b"".join(chunks)
+        assert (b"response.completed" if which == "responses" else b"[DONE]") in rest
+        used_now = requests.get(f"{server.base}/v1/tasks/{task_id}", timeout=5).json()
+        assert used_now["task"]["used"]["tokens"] == 10
+    finally:
+        server.stop()

@@ -1,0 +1,131 @@
+"""What the model gate adds to a model turn, measured on this machine.
+
+- non-streamed turns: the p50 / p90 of a turn through the gate (the app
+  in-process on a SQLite store, forwarding over HTTP to the local fake
+  upstream of ``tests/fake_llm.py``) minus the p50 / p90 of the same request
+  sent to the fake upstream directly, for both APIs, with and without a
+  proposed tool call (which the gate admits through the task guard);
+- streamed turns: the first-token delay, from the moment the fake upstream
+  writes its first text event to the moment the gate hands that event on.
+
+Run: ``.venv/bin/python bench/model_gate.py [turns]`` (default 400 per case).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fake_llm import serve
+
+from sidecar.app import create_app
+
+
+def _pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def _body(api: str, task_id: str, stream: bool = False) -> tuple[str, dict[str, Any]]:
+    system = {"role": "system", "content": f"You are an agent.\nloopstop-task: {task_id}"}
+    user = {"role": "user", "content": "Where is order ORD-7?"}
+    if api == "chat":
+        tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+        body: dict[str, Any] = {"model": "m", "messages": [system, user], "tools": tools}
+        path = "/chat/completions"
+    else:
+        tools = [{"type": "function", "name": "lookup", "parameters": {}}]
+        body = {"model": "m", "input": [{"type": "message", **system}, user], "tools": tools}
+        path = "/responses"
+    if stream:
+        body["stream"] = True
+    return path, body
+
+
+def main(turns: int) -> None:
+    with tempfile.TemporaryDirectory() as folder, serve() as llm:
+        app = create_app(
+            {
+                "store": f"sqlite:///{folder}/bench.db",
+                "limits": {
+                    "max_model_calls": 10**6,
+                    "max_tool_calls": 10**6,
+                    "max_same_call": 10**6,
+                    "max_cycle_repeats": 1000,
+                    "max_tokens": 10**10,
+                    "deadline_s": 86400,
+                },
+                "model_gate": {"upstream_url": llm.base, "timeout_s": 10},
+            },
+            environ={"LOOPSTOP_SECRET": "bench-secret-0123456789abcdef"},
+            announce=False,
+        )
+        client = app.test_client()
+        direct = requests.Session()
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(
+            f"model gate, {turns} turns per case, SQLite store (synchronous=FULL), fake upstream "
+            f"on loopback; load average {load} on {os.cpu_count()} CPUs"
+        )
+        print(
+            f"{'case':34} {'upstream p50':>12} {'gate p50':>9} {'added p50':>10} {'added p90':>10}"
+        )
+        for api in ("chat", "responses"):
+            for mode in ("final", "tool_call"):
+                llm.mode = mode
+                task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
+                path, body = _body(api, task_id)
+                own, through = [], []
+                for i in range(turns + 20):
+                    t0 = time.perf_counter()
+                    r = direct.post(llm.base + path, json=body, timeout=10)
+                    t1 = time.perf_counter()
+                    g = client.post("/v1/openai" + path, json=body)
+                    t2 = time.perf_counter()
+                    assert r.status_code == 200 and g.status_code == 200, g.get_data()
+                    if i >= 20:  # warm-up excluded
+                        own.append((t1 - t0) * 1000)
+                        through.append((t2 - t1) * 1000)
+                added = [b - a for a, b in zip(own, through, strict=True)]
+                name = f"{api}, {'tool call admitted' if mode == 'tool_call' else 'text answer'}"
+                print(
+                    f"{name:34} {_pct(own, 50):10.2f}ms {_pct(through, 50):7.2f}ms "
+                    f"{statistics.median(added):8.2f}ms {_pct(added, 90):8.2f}ms"
+                )
+        llm.requests.clear()
+        print()
+        print(f"{'stream':34} {'first-token delay p50':>22} {'p90':>8} {'max':>8}")
+        llm.mode = "final"
+        for api in ("chat", "responses"):
+            task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
+            path, body = _body(api, task_id, stream=True)
+            delays = []
+            for i in range(min(turns, 200) + 10):
+                llm.first_text_at = None
+                resp = client.post("/v1/openai" + path, json=body, buffered=False)
+                seen = b""
+                arrived = None
+                for chunk in resp.response:
+                    seen += chunk
+                    if arrived is None and b"FINAL " in seen:
+                        arrived = time.perf_counter()
+                resp.close()
+                assert arrived is not None and llm.first_text_at is not None
+                if i >= 10:
+                    delays.append((arrived - llm.first_text_at) * 1000)
+            print(
+                f"{api:34} {statistics.median(delays):20.2f}ms {_pct(delays, 90):6.2f}ms "
+                f"{max(delays):6.2f}ms"
+            )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 400)
