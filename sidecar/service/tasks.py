@@ -174,9 +174,11 @@ class TaskService:
             snap.get(pointer)
             plan.writes[pointer] = Write({"task_id": task.task_id}, ttl)
 
-    def _write_op(self, plan: Plan[Any], ns: str, op: Operation | None) -> None:
+    def _write_op(
+        self, plan: Plan[Any], ns: str, op: Operation | None, key: str | None = None
+    ) -> None:
         if op is not None:
-            sub = self.operations.plan(ns, op, None)
+            sub = self.operations.plan(ns, op, None, key)
             plan.writes.update(sub.writes)
             plan.index += sub.index
 
@@ -307,19 +309,16 @@ class TaskService:
         call_id = "k" + secrets.token_hex(8)
         key = keys.task(ns, task_id)
         declared = [key, *self._stop_keys(ns, task_id)]
-        op_key = keys.operation(ns, body.operation_id) if body.operation_id else None
-        if op_key and body.kind is CallKind.WRITE:
-            declared.append(op_key)
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, ToolOutcome]]:
             task = self._scoped(principal, snap.get(key), task_id)
             self._remember(ns, task)
             op = None
+            op_key = None
             begin = None
-            if body.kind is CallKind.WRITE and op_key and body.operation_id:
-                op = Operation.from_doc(snap.get(op_key))
-                if op is not None:
-                    principal.require(op.workflow, of_record=True)
+            if body.kind is CallKind.WRITE and body.operation_id:
+                # The write lives in the task's workflow namespace (DESIGN §1).
+                op_key, op = self.operations.find(snap, ns, body.operation_id, task.workflow)
                 begin = BeginRequest(
                     operation_id=body.operation_id,
                     fingerprints=args_prints,
@@ -336,7 +335,7 @@ class TaskService:
             plan: Plan[tuple[Task, ToolOutcome]] = Plan((new, out))
             if new != task:
                 self._write_task(plan, snap, ns, new, now, task)
-            self._write_op(plan, ns, new_op)
+            self._write_op(plan, ns, new_op, op_key)
             return plan
 
         return self.store.transact(declared, decide)
@@ -360,8 +359,9 @@ class TaskService:
             task = self._scoped(principal, snap.get(key), task_id)
             call = next((c for c in task.calls if c["call_id"] == call_id), None)
             op = None
+            op_key = None
             if call is not None and call.get("operation_id") and call["kind"] == CallKind.WRITE:
-                op = Operation.from_doc(snap.get(keys.operation(ns, call["operation_id"])))
+                op_key, op = self.operations.find(snap, ns, call["operation_id"], task.workflow)
             plan: Plan[tuple[Task, ResultOutcome, CheckResult | None]] = Plan(
                 (task, ResultOutcome(None), None)
             )
@@ -376,7 +376,7 @@ class TaskService:
             new, new_op, out = core.record_result(task, call_id, given, op, now)
             plan.result = (new, out, checked)
             self._write_task(plan, snap, ns, new, now, task)
-            self._write_op(plan, ns, new_op)
+            self._write_op(plan, ns, new_op, op_key)
             return plan
 
         return self.store.transact([key], decide)
@@ -488,7 +488,7 @@ class TaskService:
                 raise Forbidden("a stopped task is resumed by an admin token only")
             unknown = []
             for oid in task.operations:
-                op = Operation.from_doc(snap.get(keys.operation(ns, oid)))
+                _, op = self.operations.find(snap, ns, oid, task.workflow)
                 if op is not None and ledger.observe(op, now).state is OperationState.UNKNOWN:
                     unknown.append(oid)
             new = core.resume(task, reason, extend, principal.name, unknown, now)
