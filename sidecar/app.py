@@ -237,7 +237,14 @@ def _render_extra(name: str, value: Any) -> Any:
 
 
 class _PageSessions(SecureCookieSessionInterface):
-    """Sessions for the operator page only: API requests never open or set a cookie."""
+    """Sessions for the operator page only: API requests never open or set a cookie.
+
+    The cookie is ``Secure`` whenever the request came over TLS (or through a
+    trusted proxy that said so), and always with ``LOOPSTOP_UI_SECURE_COOKIE=1``.
+    """
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return bool(super().get_cookie_secure(app)) or request.is_secure
 
     def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
         if not request.path.startswith("/ui"):

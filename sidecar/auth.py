@@ -26,7 +26,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sidecar import metrics
 from sidecar.config import TokenConfig
 from sidecar.errors import (
     Forbidden,
@@ -152,6 +151,10 @@ def check_origin(origin: str | None, host_header: str | None, scheme: str) -> No
 
 def auth_failure(exc: LoopstopError, route: str, client: str | None, token: str | None) -> None:
     """Log and count a refused authentication (the token's name when known, never its value)."""
+    # Imported here: the CLI imports this module before it sets up the metric
+    # folder the workers share (a metric made earlier would not be shared).
+    from sidecar import metrics
+
     reason = exc.slug
     metrics.AUTH_FAILURES.labels(reason).inc()
     log.warning(

@@ -89,6 +89,9 @@ def read_raw_body(limit: int) -> bytes:
     if len(raw) > limit:
         raise PayloadTooLarge(f"the body exceeds {limit} bytes")
     request.environ["loopstop.body"] = raw
+    done = request.environ.get("loopstop.request_read")
+    if callable(done):
+        done()  # the whole request has arrived: its read deadline no longer applies
     return raw
 
 

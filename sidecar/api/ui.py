@@ -24,7 +24,16 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Blueprint, Response, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 
 from sidecar.api.decisions import log_decision
 from sidecar.auth import ANONYMOUS, Principal, auth_failure
@@ -91,7 +100,12 @@ class LoginThrottle:
         self._failures.pop(address, None)
 
 
-_THROTTLE = LoginThrottle()
+def _throttle() -> LoginThrottle:
+    """This app's throttle (one per worker process)."""
+    found = current_app.extensions.get("loopstop.login_throttle")
+    if not isinstance(found, LoginThrottle):
+        found = current_app.extensions["loopstop.login_throttle"] = LoginThrottle()
+    return found
 
 
 def _revoked(rt: Runtime, sid: str) -> bool:
@@ -164,7 +178,7 @@ def login() -> Response:
     _check_csrf()
     address = request.remote_addr or "unknown"
     now = rt.clock()
-    wait = _THROTTLE.wait_s(address, now)
+    wait = _throttle().wait_s(address, now)
     if wait > 0:
         resp = _login_page(f"Too many wrong tokens from {address}: try again later.", 429)
         resp.headers["Retry-After"] = str(max(1, round(wait)))
@@ -173,12 +187,12 @@ def login() -> Response:
     try:
         principal = rt.tokens.authenticate(f"Bearer {token}", request.remote_addr)
     except LoopstopError as exc:
-        failures = _THROTTLE.failed(address, now)
+        failures = _throttle().failed(address, now)
         auth_failure(exc, request.path, address, None)
         if failures >= FREE_FAILURES:
             log_decision("ui.login", "throttled", None, client=address, failures=failures)
         return _login_page("That token matches no configured token.")
-    _THROTTLE.succeeded(address)
+    _throttle().succeeded(address)
     session.clear()
     session["token"] = principal.name  # the name only, never the value
     session["sid"] = secrets.token_urlsafe(24)
@@ -267,6 +281,19 @@ def _operations(rt: Runtime, principal: Principal) -> list[Any]:
     return items[:LISTED]
 
 
+def _open_counts(rt: Runtime, principal: Principal, now: float) -> dict[str, int]:
+    """Open and unknown operations in the token's scope (what the bound counts)."""
+    scopes: list[str | None] = [None]
+    if principal.workflows is not None:
+        scopes = list(sorted(principal.workflows))
+    counts = {"open": 0, "unknown": 0}
+    for workflow in scopes:
+        index = keys.open_operations(NS, workflow)
+        counts["open"] += rt.store.index_count(index)
+        counts["unknown"] += rt.store.index_count(index, max_score=now)
+    return counts
+
+
 @bp.get("")
 @bp.get("/")
 def index() -> Response:
@@ -283,6 +310,8 @@ def index() -> Response:
         chains=_chains(rt, principal, now),
         tasks=_tasks(rt, principal, now),
         operations=_operations(rt, principal),
+        counts=_open_counts(rt, principal, now),
+        max_open=rt.settings.operations.max_open_per_workflow,
         message=request.args.get("done"),
     )
     return Response(html, mimetype="text/html")
@@ -369,9 +398,7 @@ def reconcile(operation_id: str) -> Response:
         ) from None
     evidence = {"note": request.form.get("evidence", "").strip()[:1000], "via": "ui"}
     workflow = request.form.get("workflow", "").strip()[:200] or None
-    runtime().operations.reconcile(
-        principal, NS, operation_id, outcome, None, evidence, workflow
-    )
+    runtime().operations.reconcile(principal, NS, operation_id, outcome, None, evidence, workflow)
     log_decision("ui.operations.reconcile", outcome, None, operation_id=operation_id)
     return redirect(
         url_for("ui.index", done=f"operation {operation_id} reconciled"),  # type: ignore[return-value]
