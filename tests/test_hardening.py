@@ -591,3 +591,12 @@ def test_ui_reconcile_with_a_bad_outcome_is_a_400_page(make_app: AppFactory) -> 
         assert r.status_code == 400 and r.mimetype == "text/html"
         assert "outcome must be committed or not_committed" in r.get_data(as_text=True)
     assert api.get(f"{OP}/pay:1", workflow="wf-pay")[1]["operation"]["state"] == "unknown"
+
+
+@pytest.mark.parametrize("field", [{"task_key": "ticket-9\n"}, {"chain_id": "c" + "0" * 20 + "\n"}])
+def test_task_key_and_chain_id_with_a_final_newline_are_422(
+    api: Api, field: dict[str, str]
+) -> None:
+    _, body = api.post("/v1/tasks", {"workflow": "wf", **field})
+    problem(422, body, "validation-failed")
+    assert body["errors"][0]["loc"] == ["body", next(iter(field))]

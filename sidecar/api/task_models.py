@@ -24,9 +24,9 @@ CALL_ID_PATTERN = r"^k[0-9a-f]{16}$"
 class TaskBody(RequestBody):
     """``POST /v1/tasks``: the same ``task_key`` returns the same task (200, not 201)."""
 
-    task_key: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    task_key: Name | None = None  # whole string, NFC, no control characters
     workflow: Name | None = None
-    chain_id: Annotated[str, Field(pattern=r"^c[0-9a-f]{20}$")] | None = None
+    chain_id: Annotated[str, Field(pattern=r"^c[0-9a-f]{20}\Z")] | None = None
     policy: Name | None = None
     limits: LimitsOverride = LimitsOverride()
 
