@@ -600,3 +600,26 @@ def test_task_key_and_chain_id_with_a_final_newline_are_422(
     _, body = api.post("/v1/tasks", {"workflow": "wf", **field})
     problem(422, body, "validation-failed")
     assert body["errors"][0]["loc"] == ["body", next(iter(field))]
+
+
+def test_a_tasks_checks_are_scoped_too(make_app: AppFactory, sor: SystemOfRecord) -> None:
+    """A scoped token's task may not run an exit or tool check closed to its workflow."""
+    app = make_app(
+        checks=checks(sor.base),
+        tools={"get_order": {"kind": "read", "check": "order_of_orders"}},
+        policies={"orders": {"exit_check": "order_of_orders"}},
+    )
+    scoped = Api(app.test_client(), SCOPED_TOKEN)
+    status, body = scoped.post("/v1/tasks", {"workflow": "wf-sheets", "policy": "orders"})
+    assert status == 201, body
+    base = f"/v1/tasks/{body['task']['task_id']}"
+    before = len(sor.seen_auth)
+    _, body = scoped.post(base + "/complete", {"input": {"order_id": "ORD-1"}})
+    problem(403, body, "forbidden")
+    call = scoped.post(base + "/tool-calls", {"tool": "get_order", "kind": "read", "args": {}})[1]
+    _, body = scoped.post(
+        f"{base}/tool-calls/{call['call_id']}/result",
+        {"status": "ok", "result": {"order_id": "ORD-1"}},
+    )
+    problem(403, body, "forbidden")
+    assert len(sor.seen_auth) == before

@@ -136,6 +136,17 @@ class CheckService:
             return CheckResult(True, CheckReason.PASSED, evidence=evidence)
         return CheckResult(False, CheckReason.NOT_COMMITTED, evidence=evidence)
 
+    def require_open(self, principal: Principal, name: str, workflow: str | None) -> None:
+        """Before anything is fetched: the token may run ``name`` (for ``workflow``).
+
+        :raises Forbidden: a scoped token outside the check's ``workflows``.
+        """
+        if not self.checks.open_to(name, principal.workflows, workflow):
+            raise Forbidden(
+                f"check {name!r} is not open to token {principal.name!r}'s workflows "
+                "(the check's workflows list)"
+            )
+
     def run(
         self, principal: Principal, ns: str, name: str, data: Any, task_id: str | None
     ) -> CheckResult:
@@ -153,11 +164,7 @@ class CheckService:
                 raise NotFound(f"no task {task_id!r}")
             workflow = Task.from_doc(doc).workflow  # type: ignore[union-attr]
             principal.require(workflow, of_record=True)
-        if not self.checks.open_to(name, principal.workflows, workflow):
-            raise Forbidden(
-                f"check {name!r} is not open to token {principal.name!r}'s workflows "
-                "(the check's workflows list)"
-            )
+        self.require_open(principal, name, workflow)
         fetched = self.checks.prefetch(name, data)
         if not self.checks.needs_store(name):
             return self.checks.run(name, data, fetched)

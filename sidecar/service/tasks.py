@@ -394,6 +394,8 @@ class TaskService:
         if call is None or call["status"] != "pending":
             return None  # the core answers 404 / 409; nothing is asked outside
         tool = self.settings.tools.get(call["tool"])
+        if tool is not None and tool.check is not None:
+            self.checks.require_open(principal, tool.check, task.workflow)
         return None if tool is None else tool.check
 
     def complete(
@@ -431,6 +433,8 @@ class TaskService:
         name = exit_check or check
         if name is not None and name not in self.checks.checks:
             raise ValidationFailed([{"loc": ["body", "check"], "msg": f"no check {name!r}"}])
+        if name is not None:
+            self.checks.require_open(principal, name, task.workflow)
         fetched = self.checks.checks.prefetch(name, data) if name else {}
         now = self.clock()
 
