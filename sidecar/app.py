@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -77,6 +78,8 @@ def create_app(
     except (ValueError, OSError) as exc:
         raise ConfigError([("LOOPSTOP_SECRET", str(exc))]) from exc
     store = store or store_from_url(settings.store)
+    if store.backend == "sqlite":
+        _one_writer_per_process(store)
     store.ensure_schema()
     tokens = TokenTable(settings.tokens, env)
     clock = clock or time.time
@@ -193,6 +196,25 @@ UI_CSP = (
 )
 
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _one_writer_per_process(store: Store) -> None:
+    """Queue one process's SQLite transactions on a lock of their own.
+
+    SQLite has one writer; a transaction that finds the file locked polls
+    (SQLite's busy handler, unfair under contention) and gives up after
+    ``busy_timeout_s``. A worker serves many requests at once (gthread), so
+    its threads wait their turn here instead, and the database sees at most
+    one writer per process, as with one request per worker.
+    """
+    lock = threading.RLock()
+    inner = store.transact
+
+    def transact(keys: Any, fn: Any, *, absent_likely: bool = False) -> Any:
+        with lock:
+            return inner(keys, fn, absent_likely=absent_likely)
+
+    store.transact = transact  # type: ignore[method-assign]
 
 
 def _bound_port() -> int | None:
