@@ -24,13 +24,29 @@ from sidecar.core.operations import (
     ReconcileOutcome,
 )
 
-#: The whole string, to its very end (``\Z``: ``$`` would also match before a
-#: final newline, so ``"A\n"`` would pass).
-OPERATION_ID_PATTERN = r"^(?!\.{1,2}\Z)[A-Za-z0-9._:@-]{1,200}\Z"
-NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}\Z"
+#: Patterns as JSON Schema (ECMA-262) reads them, where ``$`` ends the input.
+#: Python's ``$`` also matches before a final newline (``"A\n"`` would pass
+#: ``re.match``), so every value is checked with ``fullmatch`` instead.
+OPERATION_ID_PATTERN = r"^(?!\.{1,2}$)[A-Za-z0-9._:@-]{1,200}$"
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
 
 _OPERATION_ID = re.compile(OPERATION_ID_PATTERN)
 _NAME = re.compile(NAME_PATTERN)
+
+
+def whole(pattern: str) -> AfterValidator:
+    """A validator that ``pattern`` match the whole string (``fullmatch``).
+
+    :raises ValueError: (a 422) when it does not.
+    """
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"must match {pattern}")
+        return value
+
+    return AfterValidator(check)
 
 
 def _operation_id(value: str) -> str:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from sidecar.api.models import Name, OperationId, RequestBody, rfc3339
+from sidecar.api.models import Name, OperationId, RequestBody, rfc3339, whole
 from sidecar.config import LimitsOverride
 from sidecar.core.guard import (
     CallKind,
@@ -18,6 +18,7 @@ from sidecar.core.guard import (
 )
 
 TASK_ID_PATTERN = r"^t[0-9a-f]{20}$"
+_CHAIN = r"^c[0-9a-f]{20}$"
 CALL_ID_PATTERN = r"^k[0-9a-f]{16}$"
 
 
@@ -26,7 +27,9 @@ class TaskBody(RequestBody):
 
     task_key: Name | None = None  # whole string, NFC, no control characters
     workflow: Name | None = None
-    chain_id: Annotated[str, Field(pattern=r"^c[0-9a-f]{20}\Z")] | None = None
+    chain_id: Annotated[str, Field(json_schema_extra={"pattern": _CHAIN}), whole(_CHAIN)] | None = (
+        None
+    )
     policy: Name | None = None
     limits: LimitsOverride = LimitsOverride()
 
