@@ -19,7 +19,7 @@ function request()
   if #begun > 0 then
     local op = table.remove(begun, 1)
     return wrk.format("POST", "/v1/operations/" .. op .. "/commit", headers,
-                      '{"attempt": 1, "receipt": {"op": "' .. op .. '"}}')
+                      '{"attempt": 1, "workflow": "bench", "receipt": {"op": "' .. op .. '"}}')
   end
   counter = counter + 1
   local op = "bench-" .. run .. "-" .. thread_id .. "-" .. counter

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -21,12 +22,12 @@ from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
 from sidecar.api.models import OperationView
-from sidecar.auth import TokenTable
+from sidecar.auth import TokenTable, auth_failure, check_host, check_origin
 from sidecar.canonical import build_fingerprinter
 from sidecar.checks import Checks
 from sidecar.config import Settings, load_settings
 from sidecar.core.operations import Operation, OperationPolicy
-from sidecar.errors import ConfigError
+from sidecar.errors import ConfigError, LoopstopError, UnsupportedMediaType
 from sidecar.runtime import Runtime
 from sidecar.service.checks import CheckService
 from sidecar.service.gate import GateService
@@ -77,16 +78,28 @@ def create_app(
     except (ValueError, OSError) as exc:
         raise ConfigError([("LOOPSTOP_SECRET", str(exc))]) from exc
     store = store or store_from_url(settings.store)
+    if store.backend == "sqlite":
+        _one_writer_per_process(store)
     store.ensure_schema()
     tokens = TokenTable(settings.tokens, env)
     clock = clock or time.time
     session = session or requests.Session()
     session.trust_env = False  # no proxy or netrc from the environment for checks
-    configured_checks = Checks(settings.checks, session, env)
+    configured_checks = Checks(
+        settings.checks,
+        session,
+        env,
+        concurrency=settings.http.checks_concurrency,
+        wait_s=settings.http.checks_wait_s,
+    )
     ops = OperationService(
         store,
         fingerprinter,
-        OperationPolicy(settings.operations.max_attempts, settings.operations.retention_s),
+        OperationPolicy(
+            settings.operations.max_attempts,
+            settings.operations.retention_s,
+            settings.operations.max_open_per_workflow,
+        ),
         settings.operations.lease_s,
         clock,
         configured_checks,
@@ -137,14 +150,28 @@ def create_app(
     def _stamp(resp: Response) -> Response:
         resp.headers["X-Request-Id"] = g.get("request_id", "")
         resp.headers.setdefault("Cache-Control", "no-store")
+        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+        if request.path.startswith("/ui"):
+            # No page of another site may frame the operator page (clickjacking).
+            resp.headers["X-Frame-Options"] = "DENY"
+            resp.headers["Content-Security-Policy"] = UI_CSP
         return resp
 
     @app.before_request
     def _authenticate() -> None:
-        if request.path == "/v1" or request.path.startswith("/v1/"):
-            g.principal = tokens.authenticate(
-                request.headers.get("Authorization"), request.remote_addr
-            )
+        api = request.path == "/v1" or request.path.startswith("/v1/")
+        if not api and not request.path.startswith("/ui"):
+            return
+        try:
+            _refuse_web_pages(tokens.open, api)
+            if api:
+                g.principal = tokens.authenticate(
+                    request.headers.get("Authorization"), request.remote_addr
+                )
+        except LoopstopError as exc:
+            if exc.status in (401, 403, 421):
+                auth_failure(exc, request.path, request.remote_addr, None)
+            raise
 
     app.register_blueprint(meta.public)
     app.register_blueprint(meta.v1)
@@ -161,6 +188,69 @@ def create_app(
     return app
 
 
+#: The operator page's Content Security Policy: its own inline styles, no
+#: scripts, forms only to itself, never framed.
+UI_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+_STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _one_writer_per_process(store: Store) -> None:
+    """Queue one process's SQLite transactions on a lock of their own.
+
+    SQLite has one writer; a transaction that finds the file locked polls
+    (SQLite's busy handler, unfair under contention) and gives up after
+    ``busy_timeout_s``. A worker serves many requests at once (gthread), so
+    its threads wait their turn here instead, and the database sees at most
+    one writer per process, as with one request per worker.
+    """
+    lock = threading.RLock()
+    inner = store.transact
+
+    def transact(keys: Any, fn: Any, *, absent_likely: bool = False) -> Any:
+        with lock:
+            return inner(keys, fn, absent_likely=absent_likely)
+
+    store.transact = transact  # type: ignore[method-assign]
+
+
+def _bound_port() -> int | None:
+    """The port the connection arrived on (gunicorn's socket), None when unknown."""
+    sock = request.environ.get("gunicorn.socket")
+    try:
+        name = sock.getsockname() if sock is not None else None
+    except OSError:
+        return None
+    return int(name[1]) if isinstance(name, tuple) and len(name) >= 2 else None
+
+
+def _refuse_web_pages(open_mode: bool, api: bool) -> None:
+    """What no web page may do (DESIGN "HTTP conventions"): send a state-changing
+    ``/v1`` request a form or a simple ``fetch`` can send (415), act from another
+    origin (403), or, without tokens, reach the server under a foreign host
+    name (DNS rebinding: 421).
+
+    :raises MisdirectedRequest, ForeignOrigin, UnsupportedMediaType:
+    """
+    if open_mode:
+        check_host(request.headers.get("Host"), request.scheme, _bound_port())
+    check_origin(request.headers.get("Origin"), request.headers.get("Host"), request.scheme)
+    if api and request.method in _STATE_CHANGING and request.routing_exception is None:
+        mimetype = request.mimetype
+        if mimetype != "application/json" and not (
+            mimetype.startswith("application/") and mimetype.endswith("+json")
+        ):
+            # Only a preflighted request (which this server never grants) can carry
+            # a JSON content type across sites; forms and simple fetches cannot.
+            raise UnsupportedMediaType(
+                "a state-changing request must be sent as application/json "
+                f"(got {mimetype or 'no content type'!r})"
+            )
+
+
 def _render_extra(name: str, value: Any) -> Any:
     """Render domain objects carried by errors (the record on a 409)."""
     if isinstance(value, Operation):
@@ -169,7 +259,14 @@ def _render_extra(name: str, value: Any) -> Any:
 
 
 class _PageSessions(SecureCookieSessionInterface):
-    """Sessions for the operator page only: API requests never open or set a cookie."""
+    """Sessions for the operator page only: API requests never open or set a cookie.
+
+    The cookie is ``Secure`` whenever the request came over TLS (or through a
+    trusted proxy that said so), and always with ``LOOPSTOP_UI_SECURE_COOKIE=1``.
+    """
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return bool(super().get_cookie_secure(app)) or request.is_secure
 
     def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
         if not request.path.startswith("/ui"):

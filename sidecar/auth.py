@@ -6,6 +6,13 @@ environment variable that holds its value, the workflows it may act for
 in constant time against every configured token (``hmac.compare_digest``
 over SHA-256 digests, no early exit), so timing reveals neither a prefix
 nor which token matched.
+
+Web pages (DESIGN "HTTP conventions"): a browser attaches no token, but a
+page of any site can post forms to a loopback server and a foreign host name
+can be made to resolve to 127.0.0.1 (DNS rebinding). So, in every mode, a
+request whose ``Origin`` is not the server's own is refused
+(:func:`check_origin`), and without tokens the ``Host`` must be a loopback
+name or address with the port the server listens on (:func:`check_host`).
 """
 
 from __future__ import annotations
@@ -13,11 +20,22 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from sidecar.config import TokenConfig
-from sidecar.errors import Forbidden, Unauthenticated
+from sidecar.errors import (
+    Forbidden,
+    ForeignOrigin,
+    LoopstopError,
+    MisdirectedRequest,
+    Unauthenticated,
+)
+
+log = logging.getLogger("loopstop")
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,75 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _host_port(authority: str, scheme: str) -> tuple[str, int] | None:
+    """``(host, port)`` of an authority (``name:port``, ``[::1]:port``), the
+    scheme's default port when none is given; None when it does not parse."""
+    try:
+        parts = urlsplit(f"//{authority}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host or parts.username is not None or parts.path or parts.query:
+        return None
+    return host.lower(), port if port is not None else _DEFAULT_PORTS.get(scheme, 80)
+
+
+def check_host(host_header: str | None, scheme: str, bound_port: int | None) -> None:
+    """Without tokens: the ``Host`` must be loopback, with the bound port.
+
+    :param bound_port: the port the connection arrived on; None when unknown
+        (then only the name is checked).
+    :raises MisdirectedRequest: a foreign name (DNS rebinding) or another port.
+    """
+    found = _host_port(host_header or "", scheme)
+    if found is None or not is_loopback(found[0]):
+        raise MisdirectedRequest(
+            "no tokens are configured: the Host must be localhost or a loopback address"
+        )
+    if bound_port is not None and found[1] != bound_port:
+        raise MisdirectedRequest(f"the Host names port {found[1]}; this server listens on another")
+
+
+def check_origin(origin: str | None, host_header: str | None, scheme: str) -> None:
+    """A request with an ``Origin`` (RFC 6454) must come from the server's own origin.
+
+    Requests without ``Origin`` (n8n, curl, OpenAI clients) pass; a browser
+    sends one on every cross-site request and on every same-origin one but
+    GET/HEAD.
+
+    :raises ForeignOrigin: another scheme, host or port, or ``null``.
+    """
+    if origin is None:
+        return
+    parts = urlsplit(origin.strip())
+    own = _host_port(host_header or "", scheme)
+    theirs = _host_port(parts.netloc, parts.scheme) if parts.scheme in _DEFAULT_PORTS else None
+    if own is None or theirs is None or parts.scheme != scheme or theirs != own:
+        raise ForeignOrigin(
+            "the request comes from a web page of another origin: refused (CSRF protection)"
+        )
+
+
+def auth_failure(exc: LoopstopError, route: str, client: str | None, token: str | None) -> None:
+    """Log and count a refused authentication (the token's name when known, never its value)."""
+    # Imported here: the CLI imports this module before it sets up the metric
+    # folder the workers share (a metric made earlier would not be shared).
+    from sidecar import metrics
+
+    reason = exc.slug
+    metrics.AUTH_FAILURES.labels(reason).inc()
+    log.warning(
+        "authentication refused: %s (route %s, client %s%s)",
+        exc.detail,
+        route,
+        client or "unknown",
+        f", token {token!r}" if token else "",
+    )
+
+
 class TokenTable:
     """The configured tokens, ready to authenticate ``Authorization`` headers.
 
@@ -91,7 +178,11 @@ class TokenTable:
         self._entries: list[tuple[bytes, Principal]] = []
         for t in tokens:
             value = environ.get(t.env, "")
-            scope = None if "*" in t.workflows else frozenset(t.workflows)
+            scope = (
+                None
+                if "*" in t.workflows
+                else frozenset(unicodedata.normalize("NFC", w) for w in t.workflows)
+            )
             self._entries.append(
                 (hashlib.sha256(value.encode()).digest(), Principal(t.name, scope, t.admin))
             )

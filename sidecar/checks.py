@@ -24,6 +24,13 @@ Kinds:
   :func:`cursor_step`.
 - ``operations``: every listed operation id is ``committed``.
 - ``all`` / ``any``: combinations.
+
+Scope: a check names the workflows that may run it (``workflows: [...]``,
+``["*"]`` for all); a check that names none is open only to tokens holding
+every workflow. A scoped token outside the list is refused before anything
+is fetched (:meth:`Checks.open_to`). At most ``http.checks_concurrency``
+outside calls run at once per worker; one more waits ``http.checks_wait_s``
+and then fails closed (503, :class:`~sidecar.errors.ChecksBusy`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +58,7 @@ from sidecar.config import (
     JsonSchemaCheck,
     OperationsCheck,
 )
+from sidecar.errors import ChecksBusy
 
 
 class CheckReason(StrEnum):
@@ -336,6 +345,9 @@ class Checks:
     :param checks: the configuration's ``checks`` section.
     :param session: the HTTP session (tests inject theirs).
     :param environ: where header secrets are read.
+    :param concurrency: outside calls running at once (per process).
+    :param wait_s: how long one more call waits for its turn before
+        :class:`~sidecar.errors.ChecksBusy`.
     """
 
     def __init__(
@@ -343,10 +355,63 @@ class Checks:
         checks: Mapping[str, CheckConfig],
         session: requests.Session,
         environ: Mapping[str, str],
+        concurrency: int = 4,
+        wait_s: float = 1.0,
     ) -> None:
         self.configs = dict(checks)
         self.session = session
         self.environ = environ
+        self.concurrency = concurrency
+        self.wait_s = wait_s
+        self._slots = threading.BoundedSemaphore(concurrency)
+
+    def shapes(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """name -> ``(kind, parts)`` of every check (what the ledger's rules read)."""
+        return {
+            n: (c.kind, tuple(c.of) if isinstance(c, CombinedCheck) else ())
+            for n, c in self.configs.items()
+        }
+
+    def open_to(
+        self,
+        name: str,
+        scope: frozenset[str] | None,
+        workflow: str | None = None,
+        _depth: int = 0,
+    ) -> bool:
+        """True when a token of ``scope`` (None: every workflow) may run ``name``
+        and every part of it.
+
+        :param workflow: the workflow the run acts for (a task's, a begin's);
+            None: any workflow of the scope.
+        """
+        if scope is None:
+            return True
+        cfg = self.configs.get(name)
+        if cfg is None or _depth > 32:
+            return False
+        allowed = cfg.workflows or []
+        if "*" not in allowed:
+            wanted = {workflow} if workflow is not None else set(scope)
+            if not wanted & set(allowed):
+                return False
+        if isinstance(cfg, CombinedCheck):
+            return all(self.open_to(p, scope, workflow, _depth + 1) for p in cfg.of)
+        return True
+
+    def _ask(self, cfg: HttpCheck, data: Any) -> CheckResult:
+        """One outside call, within the concurrency bound.
+
+        :raises ChecksBusy: every slot stayed taken for ``wait_s``.
+        """
+        if not self._slots.acquire(timeout=self.wait_s):
+            raise ChecksBusy(
+                f"{self.concurrency} checks are already asking systems of record; retry shortly"
+            )
+        try:
+            return run_http(cfg, data, self.session, self.environ)
+        finally:
+            self._slots.release()
 
     def __contains__(self, name: object) -> bool:
         return name in self.configs
@@ -370,7 +435,7 @@ class Checks:
                 out.update(self.prefetch(part, data))
             return out
         if isinstance(cfg, HttpCheck):
-            return {name: run_http(cfg, data, self.session, self.environ)}
+            return {name: self._ask(cfg, data)}
         if isinstance(cfg, JsonSchemaCheck):
             return {name: run_json_schema(cfg, data)}
         return {}

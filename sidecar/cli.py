@@ -134,10 +134,19 @@ def check_config() -> None:
 )
 @click.option(
     "--threads",
-    type=click.IntRange(1, 64),
-    default=1,
+    type=click.IntRange(1, 256),
+    default=8,
     show_default=True,
-    help="Threads per worker.",
+    help="Threads per worker (gthread): requests one worker serves at once.",
+)
+@click.option(
+    "--request-timeout",
+    "request_timeout_s",
+    type=click.FloatRange(1, 300),
+    default=10.0,
+    show_default=True,
+    help="Seconds a client has to send a whole request (headers and body) "
+    "before its connection is closed.",
 )
 @click.option(
     "--timeout",
@@ -147,8 +156,17 @@ def check_config() -> None:
     show_default=True,
     help="Seconds before a silent worker is restarted.",
 )
-def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) -> None:
-    """Run the sidecar under gunicorn."""
+def serve(
+    binds: tuple[str, ...], workers: int, threads: int, request_timeout_s: float, timeout_s: int
+) -> None:
+    """Run the sidecar under gunicorn.
+
+    gunicorn's ``gthread`` worker with a bounded thread pool (``--threads``)
+    and a deadline on reading each request (``--request-timeout``,
+    :mod:`sidecar.serving`): idle and slow connections never hold the
+    threads n8n's requests need.
+    """
+    os.environ["LOOPSTOP_REQUEST_READ_TIMEOUT_S"] = str(request_timeout_s)
     bind_list = list(binds) or [os.environ.get("LOOPSTOP_BIND", DEFAULT_BIND)]
     _metrics_folder()
     try:
@@ -184,7 +202,9 @@ def serve(binds: tuple[str, ...], workers: int, threads: int, timeout_s: int) ->
         {
             "bind": bind_list,
             "workers": workers,
+            "worker_class": "sidecar.serving.BoundedThreadWorker",
             "threads": threads,
+            "worker_connections": 1000,
             "timeout": timeout_s,
             "graceful_timeout": 20,
             "keepalive": 5,

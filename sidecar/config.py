@@ -161,11 +161,14 @@ class ChainsConfig(_Section):
 
 
 class OperationsConfig(_Section):
-    """Ledger settings: default lease, attempts before ``exhausted``, retention."""
+    """Ledger settings: default lease, attempts before ``exhausted``, retention, and
+    how many open operations (in progress or unknown) one workflow may hold
+    before a new begin is refused (429)."""
 
     lease_s: Seconds = 60
     max_attempts: Count = 3
     retention_s: Seconds = 604_800
+    max_open_per_workflow: Count = 10_000
 
 
 class TasksConfig(_Section):
@@ -181,8 +184,16 @@ class ModelGateConfig(_Section):
 
 
 class HttpConfig(_Section):
+    """Serving limits.
+
+    :ivar checks_concurrency: outside calls of checks (requests to systems of
+        record) one worker runs at once; more wait ``checks_wait_s``, then 503.
+    """
+
     max_body_bytes: Annotated[int, Field(ge=1024)] = 262_144
     metrics_token_env: str | None = None
+    checks_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
+    checks_wait_s: Annotated[float, Field(ge=0, le=60)] = 1.0
 
 
 class LoggingConfig(_Section):
@@ -194,8 +205,15 @@ class EnvHeader(_Section):
     prefix: str = ""
 
 
+#: Which workflows may run a check: ``["*"]`` for every one. Absent, only a
+#: token holding every workflow may (a scoped token gets 403): a check runs
+#: with the system of record's credentials, so opening it is said in the file.
+CheckWorkflows = Annotated[list[str], Field(min_length=1)] | None
+
+
 class HttpCheck(_Section):
     kind: Literal["http"]
+    workflows: CheckWorkflows = None
     method: Literal["GET", "HEAD", "POST"] = "GET"
     url: str
     expect_status: list[int] = [200]
@@ -222,6 +240,7 @@ class HttpCheck(_Section):
 
 class JsonSchemaCheck(_Section):
     kind: Literal["json_schema"]
+    workflows: CheckWorkflows = None
     path: str | None = None
     schema_: Annotated[dict[str, Any], Field(alias="schema")]
 
@@ -232,17 +251,20 @@ class JsonSchemaCheck(_Section):
 
 class CursorCheck(_Section):
     kind: Literal["cursor"]
+    workflows: CheckWorkflows = None
     cursor: str
     records: str
 
 
 class OperationsCheck(_Section):
     kind: Literal["operations"]
+    workflows: CheckWorkflows = None
     operations: str
 
 
 class CombinedCheck(_Section):
     kind: Literal["all", "any"]
+    workflows: CheckWorkflows = None
     of: Annotated[list[str], Field(min_length=1)]
 
 
@@ -281,9 +303,25 @@ class Settings(_Section):
         for name, policy in self.policies.items():
             if policy.exit_check and policy.exit_check not in self.checks:
                 problems.append(f"policies.{name}.exit_check: no check named {policy.exit_check!r}")
+        from sidecar.core.operations import asks_system_of_record
+
+        shapes = {
+            n: (c.kind, tuple(c.of) if isinstance(c, CombinedCheck) else ())
+            for n, c in self.checks.items()
+        }
         for name, tool in self.tools.items():
             if tool.check and tool.check not in self.checks:
                 problems.append(f"tools.{name}.check: no check named {tool.check!r}")
+            elif (
+                tool.check
+                and tool.kind == "write"
+                and not asks_system_of_record(tool.check, shapes)
+            ):
+                problems.append(
+                    f"tools.{name}.check: {tool.check!r} does not ask the system of record; "
+                    "a write's check settles whether it happened, so it must be an http "
+                    "check (or all/any holding one)"
+                )
         for name, check in self.checks.items():
             if isinstance(check, CombinedCheck):
                 for i, ref in enumerate(check.of):

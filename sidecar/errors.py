@@ -66,6 +66,41 @@ class Forbidden(LoopstopError):
     title = "Outside the token's scope"
 
 
+class MisdirectedRequest(LoopstopError):
+    """Raised when, without tokens, the ``Host`` is not a loopback name with the
+    bound port (a foreign name resolving to 127.0.0.1: DNS rebinding; RFC 9110 §15.5.20)."""
+
+    status = 421
+    slug = "misdirected-request"
+    title = "Misdirected request"
+
+
+class ForeignOrigin(Forbidden):
+    """Raised when a request's ``Origin`` is not the server's own (a web page of
+    another site driving the sidecar: CSRF)."""
+
+    slug = "foreign-origin"
+    title = "Request from another origin"
+
+
+class TooManyOpen(LoopstopError):
+    """Raised when a workflow already holds ``operations.max_open_per_workflow``
+    open operations: a new ``begin`` waits until some are settled."""
+
+    status = 429
+    slug = "too-many-open-operations"
+    title = "Too many open operations"
+
+
+class ChecksBusy(LoopstopError):
+    """Raised when ``checks_concurrency`` outside calls are running and one more
+    waited its turn in vain (fail closed: nothing is admitted on a guess)."""
+
+    status = 503
+    slug = "checks-busy"
+    title = "Checks busy"
+
+
 class NotFound(LoopstopError):
     """Raised when a named resource (operation, task, chain, check) does not exist."""
 

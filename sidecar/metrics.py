@@ -19,6 +19,11 @@ Metric names (all prefixed ``loopstop_``):
 ``model_tokens_total``                  tokens the upstream model reported
 ``operations_awaiting_reconciliation``  open operations whose outcome is unknown
                                         (a gauge read from the store at scrape)
+``operations_open``                     open operations (in progress or unknown),
+                                        the count ``max_open_per_workflow`` bounds
+``auth_failures_total{reason}``         requests refused before authentication
+                                        succeeded (missing/unknown token, foreign
+                                        origin or host, CSRF, not loopback)
 ======================================  ======================================
 
 Labels never carry ids (tasks, chains, operations) or payload values: their
@@ -79,6 +84,13 @@ MODEL_TOKENS = Counter(
     "loopstop_model_tokens_total", "Tokens the upstream model reported through the gate."
 )
 
+AUTH_FAILURES = Counter(
+    "loopstop_auth_failures_total",
+    "Requests refused for authentication: missing or unknown token, foreign "
+    "origin or host, bad CSRF token, caller not on loopback.",
+    ["reason"],
+)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -130,17 +142,16 @@ def label(value: str) -> str:
     return value if value in _KNOWN else "other"
 
 
-class _AwaitingReconciliation(Collector):
-    """Reads the count of unknown operations from the store at scrape time."""
+class _StoreGauge(Collector):
+    """Reads a count from the store at scrape time."""
 
-    def __init__(self, count: Callable[[], int]) -> None:
+    def __init__(self, name: str, help_text: str, count: Callable[[], int]) -> None:
+        self.name = name
+        self.help_text = help_text
         self.count = count
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        gauge = GaugeMetricFamily(
-            "loopstop_operations_awaiting_reconciliation",
-            "Open operations whose outcome is unknown (production namespace).",
-        )
+        gauge = GaugeMetricFamily(self.name, self.help_text)
         try:
             gauge.add_metric([], float(self.count()))
         except Exception:
@@ -148,7 +159,9 @@ class _AwaitingReconciliation(Collector):
         yield gauge
 
 
-def exposition(count_unknown: Callable[[], int]) -> bytes:
+def exposition(
+    count_unknown: Callable[[], int], count_open: Callable[[], int] | None = None
+) -> bytes:
     """The text exposition of every metric, aggregated over all workers."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
@@ -157,5 +170,19 @@ def exposition(count_unknown: Callable[[], int]) -> bytes:
     else:
         samples = generate_latest(REGISTRY)
     gauge = CollectorRegistry()
-    gauge.register(_AwaitingReconciliation(count_unknown))
+    gauge.register(
+        _StoreGauge(
+            "loopstop_operations_awaiting_reconciliation",
+            "Open operations whose outcome is unknown (production namespace).",
+            count_unknown,
+        )
+    )
+    if count_open is not None:
+        gauge.register(
+            _StoreGauge(
+                "loopstop_operations_open",
+                "Open operations, in progress or unknown (production namespace).",
+                count_open,
+            )
+        )
     return samples + generate_latest(gauge)

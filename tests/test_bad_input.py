@@ -224,9 +224,13 @@ def test_unknown_route_and_method_are_problems(seeded: tuple[Api, Any]) -> None:
 
 def test_empty_body_is_an_empty_object(seeded: tuple[Api, Any]) -> None:
     api, _ = seeded
-    r = api.client.post(BEGIN, headers=AUTH)
+    r = api.client.post(BEGIN, headers=AUTH, content_type="application/json")
     assert r.status_code == 422
     assert ["body", "payload"] in [e["loc"] for e in r.get_json()["errors"]]
+    # Without a JSON content type even an empty state-changing request is refused:
+    # a web page's form or simple fetch sends exactly that.
+    r = api.client.post(BEGIN, headers=AUTH)
+    assert r.status_code == 415 and r.mimetype == "application/problem+json"
 
 
 def test_big_integers_fingerprint_like_javascript(seeded: tuple[Api, Any]) -> None:
@@ -273,12 +277,14 @@ def test_unreadable_receipt_is_refused_so_a_repeated_commit_still_works(
         r = api.client.post(
             "/v1/operations/order-1/commit",
             headers=AUTH,
-            data=b'{"attempt": 1, "receipt": ' + receipt + b"}",
+            data=b'{"workflow": "wf-crm", "attempt": 1, "receipt": ' + receipt + b"}",
             content_type="application/json",
         )
         assert r.status_code == 422
     for _ in range(2):
-        status, body = api.post("/v1/operations/order-1/commit", {"attempt": 1, "receipt": "ok"})
+        status, body = api.post(
+            "/v1/operations/order-1/commit", {"workflow": "wf-crm", "attempt": 1, "receipt": "ok"}
+        )
         assert status == 200 and body["operation"]["receipt"] == "ok"
 
 

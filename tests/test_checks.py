@@ -230,7 +230,10 @@ def test_tool_check_that_cannot_run(api: Api) -> None:
     )
     out = write.result(call, result={"order_id": "ORD-1"}, receipt="r")
     assert out["envelope"]["reason"] == "unknown_commit"
-    assert api.get("/v1/operations/upd:ORD-1")[1]["operation"]["state"] == "unknown"
+    assert (
+        api.get("/v1/operations/upd:ORD-1", workflow="wf-sheets")[1]["operation"]["state"]
+        == "unknown"
+    )
 
 
 def test_write_confirmed_by_its_check(api: Api) -> None:
@@ -238,7 +241,10 @@ def test_write_confirmed_by_its_check(api: Api) -> None:
     call = a.call("update_order", {"order_id": "ORD-1"}, kind="write", operation_id="upd:1")
     out = a.result(call, result={"order_id": "ORD-1"}, receipt={"version": 3})
     assert out["decision"] == "recorded" and out["task"]["validated_revision"] == 3
-    assert api.get("/v1/operations/upd:1")[1]["operation"]["state"] == "committed"
+    assert (
+        api.get("/v1/operations/upd:1", workflow="wf-sheets")[1]["operation"]["state"]
+        == "committed"
+    )
 
 
 def test_reconcile_by_check_finds_the_committed_charge(api: Api, sor: SystemOfRecord) -> None:

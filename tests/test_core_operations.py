@@ -282,3 +282,59 @@ def test_a_write_known_or_possibly_done_is_never_executed_again(actions: list) -
             pass
         if op is not None:
             assert 1 <= op.attempt <= POLICY.max_attempts
+
+
+# -- hardening rules -----------------------------------------------------------
+
+
+def test_once_unknown_a_fail_cannot_settle_it() -> None:
+    op, _ = core.fail(started(), "op-1", 1, FailOutcome.UNKNOWN, "timeout", NOW + 1)
+    assert op is not None and op.state is OperationState.UNKNOWN
+    with pytest.raises(StateConflict):
+        core.fail(op, "op-1", 1, FailOutcome.NOT_COMMITTED, "rejected", NOW + 2)
+    expired = started()
+    with pytest.raises(StateConflict):  # an expired lease is unknown too
+        core.fail(expired, "op-1", 1, FailOutcome.NOT_COMMITTED, None, NOW + 61)
+    late, _ = core.fail(expired, "op-1", 1, FailOutcome.UNKNOWN, "late", NOW + 61)
+    assert late is not None and late.state is OperationState.UNKNOWN
+    assert late.last_failure is not None and late.last_failure["detail"] == "late"
+
+
+def test_the_recorded_reconcile_check_wins() -> None:
+    spec = {"check": "found", "input": {"id": 1}}
+    op = replace(started(), reconcile_check=spec)
+    assert core.reconcile_check_of(None, spec) == (spec, False)
+    assert core.reconcile_check_of(op, None) == (spec, False)
+    assert core.reconcile_check_of(op, {"check": "found", "input": {"id": 1.0}}) == (spec, False)
+    assert core.reconcile_check_of(op, {"check": "found", "input": {"id": 2}}) == (spec, True)
+    bare = started()
+    assert core.reconcile_check_of(bare, spec) == (None, True)
+
+
+def test_only_checks_asking_the_system_of_record_may_reconcile() -> None:
+    shapes = {
+        "h": ("http", ()),
+        "s": ("json_schema", ()),
+        "o": ("operations", ()),
+        "all_h_s": ("all", ("s", "h")),
+        "any_h_s": ("any", ("h", "s")),
+        "any_h_h": ("any", ("h", "all_h_s")),
+        "loop": ("all", ("loop",)),
+    }
+    asks = {n for n in shapes if core.asks_system_of_record(n, shapes)}
+    assert asks == {"h", "all_h_s", "any_h_h"}
+    assert not core.asks_system_of_record("missing", shapes)
+
+
+def test_open_operations_are_bounded_only_for_begins_that_open_one() -> None:
+    policy = OperationPolicy(max_open_per_workflow=2)
+    core.check_open_room(None, "wf", 1, policy)
+    from sidecar.errors import TooManyOpen
+
+    with pytest.raises(TooManyOpen):
+        core.check_open_room(None, "wf", 2, policy)
+    retry = replace(started(), state=OperationState.NOT_COMMITTED)
+    with pytest.raises(TooManyOpen):
+        core.check_open_room(retry, "wf", 2, policy)
+    for state in (OperationState.IN_PROGRESS, OperationState.UNKNOWN, OperationState.COMMITTED):
+        core.check_open_room(replace(started(), state=state), "wf", 5, policy)

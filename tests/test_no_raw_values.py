@@ -19,7 +19,10 @@ def test_planted_value_appears_in_no_log_line_and_no_page(
     api = Api(app.test_client())
     with caplog.at_level(logging.DEBUG):
         out = api.begin("op-planted", {"card": PLANTED}, workflow="wf-pay")
-        api.post("/v1/operations/op-planted/fail", {"attempt": 1, "outcome": "unknown"})
+        api.post(
+            "/v1/operations/op-planted/fail",
+            {"attempt": 1, "outcome": "unknown", "workflow": "wf-pay"},
+        )
         act = api.post(
             "/v1/activations",
             {

@@ -121,12 +121,13 @@ def test_fencing_late_answers_of_a_superseded_attempt_are_409(api: Api, clock: C
 
 def test_reconcile_records_evidence_and_actor(api: Api) -> None:
     api.begin("o", workflow="wf-crm")
-    fail(api, "o", 1, "unknown")
+    fail(api, "o", 1, "unknown", workflow="wf-crm")
     status, body = reconcile(
         api,
         "o",
         "committed",
         token=ADMIN_TOKEN,
+        workflow="wf-crm",
         receipt="crm-1",
         evidence={"lookup": "GET /deals?ref=o", "found": 1},
     )
@@ -161,8 +162,8 @@ def test_queue_lists_unknown_and_expired_leases_paginated(api: Api, clock: Clock
     for i in range(5):
         api.begin(f"o{i}", workflow="wf-a" if i % 2 else "wf-b", lease_s=10)
         clock.advance(1)
-    fail(api, "o0", 1, "unknown")
-    commit(api, "o1", 1, "r")
+    fail(api, "o0", 1, "unknown", workflow="wf-b")
+    commit(api, "o1", 1, "r", workflow="wf-a")
     status, page = api.get(OP, state="unknown")
     assert status == 200 and [o["operation_id"] for o in page["items"]] == ["o0"]
     status, page = api.get(OP, state="in_progress")
@@ -181,7 +182,7 @@ def test_queue_lists_unknown_and_expired_leases_paginated(api: Api, clock: Clock
     assert sorted(seen) == ["o0", "o2", "o3", "o4"]
     status, page = api.get(OP, state="unknown", workflow="wf-b")
     assert sorted(o["operation_id"] for o in page["items"]) == ["o0", "o2", "o4"]
-    reconcile(api, "o2", "committed", receipt="r")
+    reconcile(api, "o2", "committed", receipt="r", workflow="wf-b")
     status, page = api.get(OP, state="unknown", workflow="wf-b")
     assert sorted(o["operation_id"] for o in page["items"]) == ["o0", "o4"]
 
@@ -201,19 +202,30 @@ def test_scoped_token_never_reaches_another_workflow(api: Api, clock: Clock) -> 
     scoped = Api(api.client, SCOPED_TOKEN)
     for status, body in (
         scoped.post(f"{OP}/crm-op/begin", {"payload": {"x": 1}, "workflow": "wf-crm"}),
-        scoped.post(f"{OP}/crm-op/begin", {"payload": {"x": 1}, "workflow": "wf-sheets"}),
         scoped.post(f"{OP}/crm-op/begin", {"payload": {"x": 1}}),
-        scoped.post(f"{OP}/crm-op/commit", {"attempt": 1, "receipt": "r"}),
-        scoped.post(f"{OP}/crm-op/fail", {"attempt": 1, "outcome": "unknown"}),
-        scoped.post(f"{OP}/crm-op/reconcile", {"outcome": "committed", "evidence": 1}),
-        scoped.get(f"{OP}/crm-op"),
+        scoped.post(f"{OP}/crm-op/commit", {"attempt": 1, "receipt": "r", "workflow": "wf-crm"}),
+        scoped.get(f"{OP}/crm-op", workflow="wf-crm"),
         scoped.get(OP, workflow="wf-crm"),
     ):
         assert status == 403, body
         assert body["type"].endswith("forbidden")
+    # In its own namespace the id is another operation's: absent (404), never 403,
+    # and the same answer as for an id nobody holds.
+    for path, extra in (
+        ("commit", {"attempt": 1, "receipt": "r"}),
+        ("fail", {"attempt": 1, "outcome": "unknown"}),
+        ("reconcile", {"outcome": "committed", "evidence": 1}),
+    ):
+        for op_id in ("crm-op", "nobody-op"):
+            status, body = scoped.post(f"{OP}/{op_id}/{path}", extra)
+            assert (
+                status == 404
+                and body["detail"] == f"no operation {op_id!r} in workflow 'wf-sheets'"
+            )
+    assert scoped.get(f"{OP}/crm-op")[0] == 404
     status, body = scoped.post(f"{OP}/new-op/begin", {"payload": 1})
     assert status == 403  # a scoped token must name its workflow
-    assert api.get(f"{OP}/crm-op")[1]["operation"]["state"] == "in_progress"
+    assert api.get(f"{OP}/crm-op", workflow="wf-crm")[1]["operation"]["state"] == "in_progress"
     assert api.get(f"{OP}/new-op")[0] == 404
     out = scoped.begin("sheet-op", workflow="wf-sheets")
     assert out["decision"] == "execute"
@@ -230,19 +242,23 @@ def test_reconcile_by_scoped_token_of_the_operations_workflow(api: Api) -> None:
     assert status == 200 and body["operation"]["reconciliation"]["actor"] == "sheets-only"
 
 
-def test_other_workflow_with_star_token_is_conflict(api: Api) -> None:
+def test_one_id_in_two_workflows_is_two_operations(api: Api) -> None:
     api.begin("o", {"a": 1}, workflow="wf-a")
-    commit(api, "o", 1, "r-a")
+    commit(api, "o", 1, "r-a", workflow="wf-a")
     for other in ({"workflow": "wf-b"}, {}):
         out = api.begin("o", {"a": 1}, **other)
-        assert (out["decision"], out["reason"]) == ("conflict", "workflow_mismatch")
+        assert (out["decision"], out["reason"]) == ("execute", "new")
     assert api.begin("o", {"a": 1}, workflow="wf-a")["decision"] == "replay"
+    # The shared namespace holds one operation for every workflow: another one's is a conflict.
+    api.begin("s", {"a": 1}, workflow="wf-a", scope="shared")
+    out = api.begin("s", {"a": 1}, workflow="wf-b", scope="shared")
+    assert (out["decision"], out["reason"]) == ("conflict", "workflow_mismatch")
 
 
-def test_forbidden_record_does_not_name_its_workflow(api: Api) -> None:
+def test_foreign_record_is_not_found_and_not_named(api: Api) -> None:
     api.begin("payroll-run", workflow="payroll-secret")
     status, body = Api(api.client, SCOPED_TOKEN).get(f"{OP}/payroll-run")
-    assert status == 403 and "payroll-secret" not in body["detail"]
+    assert status == 404 and "payroll-secret" not in body["detail"]
 
 
 def test_whoami_per_token(api: Api) -> None:

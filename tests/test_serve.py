@@ -25,10 +25,13 @@ pytestmark = pytest.mark.slow
 class Sidecar:
     """A ``loopstop serve`` process on a free loopback port."""
 
-    def __init__(self, cwd: Path, env: dict[str, str], workers: int = 4) -> None:
+    def __init__(
+        self, cwd: Path, env: dict[str, str], workers: int = 4, extra: tuple[str, ...] = ()
+    ) -> None:
         self.cwd = cwd
         self.env = env
         self.workers = workers
+        self.extra = extra
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[str] | None = None
@@ -47,6 +50,7 @@ class Sidecar:
                     f"127.0.0.1:{self.port}",
                     "--workers",
                     str(self.workers),
+                    *self.extra,
                 ],
                 cwd=self.cwd,
                 env=env,

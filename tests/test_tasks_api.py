@@ -165,8 +165,8 @@ def test_a_test_task_is_found_from_a_sub_workflow_that_says_production(api: Api)
     call = a.call("create_note", {"n": 1}, kind="write", operation_id="note:t")
     assert call["decision"] == "execute"
     assert a.result(call, result={}, receipt={"id": "n1"})["decision"] == "recorded"
-    assert api.get("/v1/operations/note:t", execution_mode="test")[0] == 200
-    assert api.get("/v1/operations/note:t")[0] == 404
+    assert api.get("/v1/operations/note:t", execution_mode="test", workflow="wf-sheets")[0] == 200
+    assert api.get("/v1/operations/note:t", workflow="wf-sheets")[0] == 404
     assert api.get(a.base)[0] == 200
     assert api.post("/v1/tasks/t00000000000000000000/stop", {"reason": "x"})[0] == 404
     done = api.post(a.base + "/complete", {"evidence": {"done": True, "revision": 1}})
@@ -253,7 +253,9 @@ def test_retry_after_commit_and_proven_absent_write(api: Api) -> None:
     assert retry["decision"] == "execute"
     out = a.result(retry, "retryable")
     ended(out, "needs_reconciliation", "retry_after_commit")
-    assert api.get("/v1/operations/mail:1")[1]["operation"]["state"] == "unknown"
+    assert (
+        api.get("/v1/operations/mail:1", workflow="wf-sheets")[1]["operation"]["state"] == "unknown"
+    )
 
 
 def test_ok_write_without_receipt_is_unknown_commit(api: Api) -> None:
@@ -497,7 +499,7 @@ def test_initial_revision_and_the_evidence_vocabulary(api: Api) -> None:
     out = c.result(w, "ok", receipt={"id": 1}, evidence={"effect": "unknown"})
     ended(out, "needs_reconciliation", "unknown_commit")
     assert out["envelope"]["uncertain_operations"] == ["mail:u1"]
-    assert api.get("/v1/operations/mail:u1")[1]["operation"]["state"] == "unknown"
+    assert api.get("/v1/operations/mail:u1", workflow="wf-sheets")[1]["operation"]["state"] == "unknown"
     d = Agent(api)
     w = d.call("send", {"to": "y"}, kind="write", operation_id="mail:n1")
     ended(

@@ -9,8 +9,16 @@ from flask.testing import FlaskClient
 from conftest import ADMIN_TOKEN, N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
 
 
+def login_csrf(client: FlaskClient) -> str:
+    """The CSRF token the login form carries."""
+    page = client.get("/ui/login").get_data(as_text=True)
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match, page[:500]
+    return match.group(1)
+
+
 def login(client: FlaskClient, token: str) -> str:
-    r = client.post("/ui/login", data={"token": token})
+    r = client.post("/ui/login", data={"token": token, "csrf": login_csrf(client)})
     assert r.status_code == 303, r.get_data(as_text=True)
     cookie = r.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
@@ -25,7 +33,7 @@ def test_page_needs_a_token_and_shows_the_login_form(make_app: AppFactory) -> No
     client = make_app().test_client()
     r = client.get("/ui")
     assert r.status_code == 401 and 'name="token"' in r.get_data(as_text=True)
-    r = client.post("/ui/login", data={"token": "wrong"})
+    r = client.post("/ui/login", data={"token": "wrong", "csrf": login_csrf(client)})
     assert r.status_code == 401 and "matches no configured token" in r.get_data(as_text=True)
 
 
@@ -41,7 +49,8 @@ def test_page_lists_chains_tasks_and_operations(make_app: AppFactory) -> None:
     api.post("/v1/tasks", {"workflow": "wf-agent", "task_key": "ticket-9"})
     api.begin("mail:1", {"to": "x"}, workflow="wf-mail")
     api.post(
-        "/v1/operations/mail:1/fail", {"attempt": 1, "outcome": "unknown", "detail": "SMTP timeout"}
+        "/v1/operations/mail:1/fail",
+        {"attempt": 1, "outcome": "unknown", "detail": "SMTP timeout", "workflow": "wf-mail"},
     )
     client = app.test_client()
     login(client, N8N_TOKEN)
@@ -87,13 +96,21 @@ def test_reconcile_from_the_page(make_app: AppFactory) -> None:
     app = make_app()
     api = Api(app.test_client())
     api.begin("pay:1", {"x": 1}, workflow="wf-pay")
-    api.post("/v1/operations/pay:1/fail", {"attempt": 1, "outcome": "unknown"})
+    api.post(
+        "/v1/operations/pay:1/fail", {"attempt": 1, "outcome": "unknown", "workflow": "wf-pay"}
+    )
     client = app.test_client()
     csrf = login(client, ADMIN_TOKEN)
+    assert 'name="workflow" value="wf-pay"' in client.get("/ui").get_data(as_text=True)
     r = client.post(
         "/ui/operations/pay:1/reconcile",
-        data={"outcome": "not_committed", "evidence": "no charge in Stripe", "csrf": csrf},
+        data={
+            "outcome": "not_committed",
+            "evidence": "no charge in Stripe",
+            "csrf": csrf,
+            "workflow": "wf-pay",  # the page's form carries the operation's workflow
+        },
     )
     assert r.status_code == 303
-    op = api.get("/v1/operations/pay:1")[1]["operation"]
+    op = api.get("/v1/operations/pay:1", workflow="wf-pay")[1]["operation"]
     assert op["state"] == "not_committed" and op["reconciliation"]["actor"] == "operator"

@@ -287,6 +287,7 @@ describe('operation.commit', () => {
 		assert.equal(call.options.method, 'POST');
 		assert.equal(call.options.url, `${BASE}/v1/operations/a%2Fb%20c/commit`);
 		assert.deepEqual(call.options.body, {
+			workflow: 'wf-1',
 			execution_mode: 'production',
 			attempt: 2,
 			receipt: { id: 'crm-9' },
@@ -300,6 +301,7 @@ describe('operation.commit', () => {
 			{ mode: 'manual' },
 		);
 		assert.deepEqual(call.options.body, {
+			workflow: 'wf-1',
 			execution_mode: 'test',
 			attempt: 3,
 			receipt: { id: 'x', n: [1] },
@@ -318,6 +320,7 @@ describe('operation.fail', () => {
 		assert.equal(call.options.method, 'POST');
 		assert.equal(call.options.url, `${BASE}/v1/operations/a%2Fb%20c/fail`);
 		assert.deepEqual(call.options.body, {
+			workflow: 'wf-1',
 			execution_mode: 'production',
 			attempt: 1,
 			outcome: 'not_committed',
@@ -328,6 +331,7 @@ describe('operation.fail', () => {
 	it('omits an empty detail and cuts a long one to 2000 characters', async () => {
 		const empty = await request('operation.fail', { detail: '' }, { mode: 'manual' });
 		assert.deepEqual(empty.options.body, {
+			workflow: 'wf-1',
 			execution_mode: 'test',
 			attempt: 1,
 			outcome: 'unknown',
@@ -348,6 +352,7 @@ describe('operation.reconcile', () => {
 		assert.equal(call.options.method, 'POST');
 		assert.equal(call.options.url, `${BASE}/v1/operations/a%2Fb%20c/reconcile`);
 		assert.deepEqual(call.options.body, {
+			workflow: 'wf-1',
 			execution_mode: 'production',
 			outcome: 'committed',
 			evidence: { found: true, id: 'crm-9' },
@@ -362,6 +367,7 @@ describe('operation.reconcile', () => {
 			{ mode: 'manual' },
 		);
 		assert.deepEqual(call.options.body, {
+			workflow: 'wf-1',
 			execution_mode: 'test',
 			outcome: 'not_committed',
 			evidence: { found: false },
@@ -374,10 +380,10 @@ describe('operation.get', () => {
 		const call = await request('operation.get', { operationId: 'a/b c' });
 		assert.equal(call.options.method, 'GET');
 		assert.equal(call.options.url, `${BASE}/v1/operations/a%2Fb%20c`);
-		assert.deepEqual(call.options.qs, { execution_mode: 'production' });
+		assert.deepEqual(call.options.qs, { workflow: 'wf-1', execution_mode: 'production' });
 		assert.equal(call.options.body, undefined);
 		const manual = await request('operation.get', {}, { mode: 'manual' });
-		assert.deepEqual(manual.options.qs, { execution_mode: 'test' });
+		assert.deepEqual(manual.options.qs, { workflow: 'wf-1', execution_mode: 'test' });
 	});
 });
 
@@ -605,9 +611,9 @@ describe('bodies carry only the fields the sidecar accepts', () => {
 			'lease_s',
 			'reconcile',
 		],
-		'operation.commit': ['execution_mode', 'attempt', 'receipt', 'result'],
-		'operation.fail': ['execution_mode', 'attempt', 'outcome', 'detail'],
-		'operation.reconcile': ['execution_mode', 'outcome', 'receipt', 'evidence'],
+		'operation.commit': ['workflow', 'execution_mode', 'attempt', 'receipt', 'result'],
+		'operation.fail': ['workflow', 'execution_mode', 'attempt', 'outcome', 'detail'],
+		'operation.reconcile': ['workflow', 'execution_mode', 'outcome', 'receipt', 'evidence'],
 		'task.create': ['execution_mode', 'task_key', 'workflow', 'chain_id', 'policy', 'limits'],
 		'task.admitToolCall': ['execution_mode', 'tool', 'kind', 'args', 'operation_id'],
 		'task.recordResult': ['execution_mode', 'status', 'result', 'receipt', 'evidence'],

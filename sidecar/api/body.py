@@ -5,7 +5,9 @@ field that is wrong, so a bad request changes nothing and crashes nothing:
 
 - 415 when a body is sent with a non-JSON content type;
 - 413 past ``http.max_body_bytes`` (werkzeug enforces it while reading);
-- 400 when the bytes are not UTF-8 JSON (with line and column);
+- 400 when the bytes are not UTF-8 JSON (with line and column), and when an
+  object names a key twice (RFC 8259 §4 leaves the meaning open; two
+  parsers could read two different requests);
 - 422 for NaN/Infinity (Python's parser accepts them, JSON does not:
   RFC 8259 §6), for a body that is not an object, and for every field
   pydantic rejects, each as ``{loc: ["body", ...], msg}``.
@@ -44,6 +46,23 @@ def _parse_constant(name: str) -> float:
     return _NonFinite("nan")
 
 
+class _DuplicateKey(ValueError):
+    """An object in the body names the same key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _parse_float(text: str) -> float:
     value = float(text)
     return _NonFinite("nan") if not math.isfinite(value) else value  # 1e400 -> inf
@@ -70,6 +89,9 @@ def read_raw_body(limit: int) -> bytes:
     if len(raw) > limit:
         raise PayloadTooLarge(f"the body exceeds {limit} bytes")
     request.environ["loopstop.body"] = raw
+    done = request.environ.get("loopstop.request_read")
+    if callable(done):
+        done()  # the whole request has arrived: its read deadline no longer applies
     return raw
 
 
@@ -87,8 +109,15 @@ def read_json_object() -> dict[str, Any]:
         )
     try:
         data = json.loads(
-            raw.decode("utf-8"), parse_constant=_parse_constant, parse_float=_parse_float
+            raw.decode("utf-8"),
+            parse_constant=_parse_constant,
+            parse_float=_parse_float,
+            object_pairs_hook=_unique_keys,
         )
+    except _DuplicateKey as exc:
+        raise MalformedRequest(
+            f"the body names the key {exc.key[:100]!r} twice in one object"
+        ) from exc
     except UnicodeDecodeError as exc:
         raise MalformedRequest(f"the body is not UTF-8: {exc.reason} at byte {exc.start}") from exc
     except json.JSONDecodeError as exc:

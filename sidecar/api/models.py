@@ -7,10 +7,12 @@ The OpenAPI document at ``/openapi.json`` is generated from these models.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictInt
 
 from sidecar.core.operations import (
     BeginDecision,
@@ -22,10 +24,64 @@ from sidecar.core.operations import (
     ReconcileOutcome,
 )
 
+#: Patterns as JSON Schema (ECMA-262) reads them, where ``$`` ends the input.
+#: Python's ``$`` also matches before a final newline (``"A\n"`` would pass
+#: ``re.match``), so every value is checked with ``fullmatch`` instead.
 OPERATION_ID_PATTERN = r"^(?!\.{1,2}$)[A-Za-z0-9._:@-]{1,200}$"
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
 
-OperationId = Annotated[str, Field(pattern=OPERATION_ID_PATTERN)]
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+_OPERATION_ID = re.compile(OPERATION_ID_PATTERN)
+_NAME = re.compile(NAME_PATTERN)
+
+
+def whole(pattern: str) -> AfterValidator:
+    """A validator that ``pattern`` match the whole string (``fullmatch``).
+
+    :raises ValueError: (a 422) when it does not.
+    """
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"must match {pattern}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _operation_id(value: str) -> str:
+    if not _OPERATION_ID.fullmatch(value):
+        raise ValueError(f"must match {OPERATION_ID_PATTERN}")
+    return value
+
+
+def nfc_name(value: str) -> str:
+    """A name (workflow, tool, policy...) in Unicode NFC, checked whole.
+
+    ``"Caf\u00e9"`` and ``"Cafe\u0301"`` are one workflow: both become the
+    first (Unicode UAX #15). Control characters anywhere, a final newline
+    included, are refused.
+
+    :raises ValueError: empty, over 200 characters, or holding a control character.
+    """
+    value = unicodedata.normalize("NFC", value)
+    if not _NAME.fullmatch(value):
+        raise ValueError("must be 1 to 200 characters, none of them a control character")
+    return value
+
+
+# The checks run in Python (fullmatch) whatever regex engine a model uses; the
+# pattern is kept for the OpenAPI document.
+OperationId = Annotated[
+    str, Field(json_schema_extra={"pattern": OPERATION_ID_PATTERN}), AfterValidator(_operation_id)
+]
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": NAME_PATTERN}),
+    AfterValidator(nfc_name),
+]
+#: ``attempt``: a JSON integer only (``"1"``, ``true`` and ``1.0`` are refused).
+Attempt = Annotated[StrictInt, Field(ge=1, le=1_000_000)]
 ExecutionModeField = Annotated[
     Literal["test", "production"],
     Field(description="n8n's `$execution.mode`; `test` requests live in their own namespace."),
@@ -41,9 +97,10 @@ class RequestBody(BaseModel):
 
 
 class ReconcileSpec(BaseModel):
-    """How a later ``begin`` asks the receiver when the outcome is unknown."""
+    """How a later ``begin`` asks the receiver when the outcome is unknown: a check
+    that asks the system of record (``http``, or ``all``/``any`` holding one)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")
 
     check: Name
     input: JsonValue = None
@@ -56,6 +113,11 @@ class BeginBody(RequestBody):
         description="What the write sends; only its RFC 8785 fingerprint is kept."
     )
     workflow: Name | None = None
+    scope: Literal["workflow", "shared"] = Field(
+        default="workflow",
+        description="`shared`: the id lives in one namespace shared by every workflow "
+        "(needs a token holding every workflow); default: the workflow's own.",
+    )
     task_id: Name | None = None
     chain_id: Name | None = None
     lease_s: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
@@ -68,10 +130,18 @@ class BeginBody(RequestBody):
     )
 
 
+_OP_WORKFLOW = Field(
+    default=None,
+    description="The workflow the begin gave (the operation's namespace); may be omitted "
+    "when the begin gave none or the token holds a single workflow.",
+)
+
+
 class CommitBody(RequestBody):
     """``POST .../commit``: the attempt's write happened."""
 
-    attempt: Annotated[int, Field(ge=1)]
+    workflow: Name | None = _OP_WORKFLOW
+    attempt: Attempt
     receipt: JsonValue = Field(description="The receiver's proof (an id, a Message-ID).")
     result: JsonValue = None
 
@@ -79,7 +149,8 @@ class CommitBody(RequestBody):
 class FailBody(RequestBody):
     """``POST .../fail``: the attempt failed; ``unknown`` when nobody can tell."""
 
-    attempt: Annotated[int, Field(ge=1)]
+    workflow: Name | None = _OP_WORKFLOW
+    attempt: Attempt
     outcome: FailOutcome
     detail: Annotated[str, Field(max_length=2000)] | None = None
 
@@ -87,6 +158,7 @@ class FailBody(RequestBody):
 class ReconcileBody(RequestBody):
     """``POST .../reconcile``: what the receiver says happened."""
 
+    workflow: Name | None = _OP_WORKFLOW
     outcome: ReconcileOutcome
     receipt: JsonValue = None
     evidence: Annotated[
@@ -112,6 +184,12 @@ class ModeQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     execution_mode: ExecutionModeField = "production"
+
+
+class OperationQuery(ModeQuery):
+    """Query string of ``GET /v1/operations/{operation_id}``."""
+
+    workflow: Name | None = _OP_WORKFLOW
 
 
 # -- responses ---------------------------------------------------------------

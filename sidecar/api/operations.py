@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from flask import Blueprint, Response, g, jsonify
 
@@ -14,16 +15,17 @@ from sidecar.api.models import (
     BeginResponse,
     CommitBody,
     FailBody,
-    ModeQuery,
     OperationListQuery,
     OperationPage,
+    OperationQuery,
     OperationResponse,
     OperationView,
     ReconcileBody,
 )
 from sidecar.api.openapi import route
+from sidecar.canonical import canonical_json
 from sidecar.core.operations import Operation, OperationState
-from sidecar.errors import ValidationFailed
+from sidecar.errors import Forbidden, PayloadTooLarge, ValidationFailed
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.operations import BeginInput
@@ -32,6 +34,20 @@ bp = Blueprint("operations", __name__, url_prefix="/v1/operations")
 
 _ID = re.compile(OPERATION_ID_PATTERN)
 _PATH = {"operation_id": OPERATION_ID_PATTERN}
+
+
+#: The largest reconcile input, receipt or evidence kept on a record (canonical
+#: JSON bytes): they are stored with the record and shown in every answer.
+MAX_RECONCILE_BYTES = 16_384
+
+
+def _bounded(value: Any, where: str) -> None:
+    """:raises PayloadTooLarge: when ``value`` encodes to more than 16 KiB."""
+    if value is not None and len(canonical_json(value)) > MAX_RECONCILE_BYTES:
+        raise PayloadTooLarge(
+            f"body.{where} exceeds {MAX_RECONCILE_BYTES} bytes (canonical JSON): keep an id, "
+            "not the whole record"
+        )
 
 
 def _operation_id(operation_id: str) -> str:
@@ -78,18 +94,34 @@ def begin(operation_id: str) -> Response:
         raise ValidationFailed([{"loc": ["body", "payload"], "msg": str(exc)}]) from exc
     reconcile = None
     if body.reconcile is not None:
-        if body.reconcile.check not in runtime().settings.checks:
+        name = body.reconcile.check
+        loc = ["body", "reconcile", "check"]
+        if name not in runtime().settings.checks:
+            raise ValidationFailed([{"loc": loc, "msg": f"no check named {name!r}"}])
+        if not runtime().operations.may_reconcile(name):
             raise ValidationFailed(
                 [
                     {
-                        "loc": ["body", "reconcile", "check"],
-                        "msg": f"no check named {body.reconcile.check!r}",
+                        "loc": loc,
+                        "msg": f"check {name!r} does not ask the system of record: only an "
+                        "http check (or all/any holding one) may settle an unknown write",
                     }
                 ]
             )
+        if not runtime().checks.checks.open_to(name, g.principal.workflows, body.workflow):
+            raise Forbidden(
+                f"check {name!r} is not open to workflow {body.workflow!r} (its workflows list)"
+            )
+        _bounded(body.reconcile.input, "reconcile.input")
         reconcile = body.reconcile.model_dump(mode="json")
     inp = BeginInput(
-        fingerprints, body.workflow, body.task_id, body.chain_id, body.lease_s, reconcile
+        fingerprints,
+        body.workflow,
+        body.task_id,
+        body.chain_id,
+        body.lease_s,
+        reconcile,
+        shared=body.scope == "shared",
     )
     outcome = runtime().operations.begin(g.principal, ns, operation_id, inp)
     op = outcome.operation
@@ -121,7 +153,7 @@ def commit(operation_id: str) -> Response:
     body = parse_body(CommitBody)
     ns = g.ns = keys.namespace(body.execution_mode)
     op = runtime().operations.commit(
-        g.principal, ns, operation_id, body.attempt, body.receipt, body.result
+        g.principal, ns, operation_id, body.attempt, body.receipt, body.result, body.workflow
     )
     return _settled("operations.commit", op, ns, None, body.execution_mode)
 
@@ -141,7 +173,7 @@ def fail(operation_id: str) -> Response:
     body = parse_body(FailBody)
     ns = g.ns = keys.namespace(body.execution_mode)
     op = runtime().operations.fail(
-        g.principal, ns, operation_id, body.attempt, body.outcome, body.detail
+        g.principal, ns, operation_id, body.attempt, body.outcome, body.detail, body.workflow
     )
     return _settled("operations.fail", op, ns, body.outcome, body.execution_mode)
 
@@ -161,9 +193,11 @@ def reconcile(operation_id: str) -> Response:
     body = parse_body(ReconcileBody)
     if body.evidence is None:
         raise ValidationFailed([{"loc": ["body", "evidence"], "msg": "evidence is required"}])
+    _bounded(body.receipt, "receipt")
+    _bounded(body.evidence, "evidence")
     ns = g.ns = keys.namespace(body.execution_mode)
     op = runtime().operations.reconcile(
-        g.principal, ns, operation_id, body.outcome, body.receipt, body.evidence
+        g.principal, ns, operation_id, body.outcome, body.receipt, body.evidence, body.workflow
     )
     return _settled("operations.reconcile", op, ns, body.outcome, body.execution_mode)
 
@@ -173,7 +207,7 @@ def reconcile(operation_id: str) -> Response:
     "/<operation_id>",
     "GET",
     tag="operations",
-    query=ModeQuery,
+    query=OperationQuery,
     response=OperationResponse,
     path_params=_PATH,
     errors=(401, 403, 404, 422, 503),
@@ -181,9 +215,9 @@ def reconcile(operation_id: str) -> Response:
 )
 def get(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
-    q = parse_query(ModeQuery)
+    q = parse_query(OperationQuery)
     ns = g.ns = keys.namespace(q.execution_mode)
-    return _answer(runtime().operations.get(g.principal, ns, operation_id), ns)
+    return _answer(runtime().operations.get(g.principal, ns, operation_id, q.workflow), ns)
 
 
 @route(

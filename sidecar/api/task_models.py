@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from sidecar.api.models import Name, OperationId, RequestBody, rfc3339
+from sidecar.api.models import Name, OperationId, RequestBody, rfc3339, whole
 from sidecar.config import LimitsOverride
 from sidecar.core.tasks import (
     CallKind,
@@ -23,6 +23,7 @@ from sidecar.core.tasks import (
 )
 
 TASK_ID_PATTERN = r"^t[0-9a-f]{20}$"
+_CHAIN = r"^c[0-9a-f]{20}$"
 #: A call id: generated (``k`` and 16 hex digits) or the caller's own.
 CALL_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,200}$"
 
@@ -30,9 +31,11 @@ CALL_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,200}$"
 class TaskBody(RequestBody):
     """``POST /v1/tasks``: the same ``task_key`` returns the same task (200, not 201)."""
 
-    task_key: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    task_key: Name | None = None  # whole string, NFC, no control characters
     workflow: Name | None = None
-    chain_id: Annotated[str, Field(pattern=r"^c[0-9a-f]{20}$")] | None = None
+    chain_id: Annotated[str, Field(json_schema_extra={"pattern": _CHAIN}), whole(_CHAIN)] | None = (
+        None
+    )
     policy: Name | None = None
     limits: LimitsOverride = LimitsOverride()
     initial_revision: Annotated[int, Field(ge=0, le=2**53)] = Field(

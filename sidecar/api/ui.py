@@ -6,8 +6,15 @@ reconciliation, with an activation timeline per chain (inline SVG), and it
 refreshes itself. A token is entered once: the signed, HttpOnly,
 SameSite=Strict session cookie keeps only the token's *name*, never its value.
 Views show only the token's workflows; stop and reconcile need an admin
-token and a CSRF token that every form carries. Without a session the page
-answers 401 with the login form.
+token and a CSRF token that every form carries, the login form and every
+mode included. Without a session the page answers 401 with the login form.
+
+Sessions: each login makes a random session id; logging out records it as
+revoked in the store (until the cookie's own lifetime ends), so a cookie
+copied before the logout no longer works on any worker. Wrong tokens are
+counted per client address: after :data:`FREE_FAILURES` the address waits
+(doubling, at most :data:`MAX_WAIT_S`) before its next try, and every
+failure is logged and counted.
 """
 
 from __future__ import annotations
@@ -17,20 +24,36 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Blueprint, Response, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 
 from sidecar.api.decisions import log_decision
-from sidecar.auth import ANONYMOUS, Principal
+from sidecar.auth import ANONYMOUS, Principal, auth_failure
 from sidecar.core.gate import Chain, Stop
 from sidecar.core.operations import OperationState, ReconcileOutcome
 from sidecar.core.tasks import Task
-from sidecar.errors import Forbidden, LoopstopError, Unauthenticated
+from sidecar.errors import Forbidden, LoopstopError, MalformedRequest, Unauthenticated
 from sidecar.runtime import Runtime, runtime
 from sidecar.service import keys
+from sidecar.service.sessions import SessionRevocations
 
 bp = Blueprint("ui", __name__, url_prefix="/ui")
 
 REFRESH_S = 15
+#: Wrong tokens an address may try before it must wait.
+FREE_FAILURES = 5
+#: The longest wait between tries (seconds); failures older than this are forgotten.
+MAX_WAIT_S = 300.0
+#: How long a revoked session id is remembered: the cookie's own lifetime.
+SESSION_S = 12 * 3600
 LISTED = 50
 NS = "p"  # the page shows production executions
 
@@ -46,17 +69,72 @@ def when_filter(ts: Any) -> str:
     return _when(ts)
 
 
+class LoginThrottle:
+    """Wrong tokens per client address, and how long the address must wait.
+
+    Kept per worker process (a bound on guessing speed, not an account lock).
+    """
+
+    def __init__(self) -> None:
+        self._failures: dict[str, tuple[int, float]] = {}
+
+    def wait_s(self, address: str, now: float) -> float:
+        """Seconds ``address`` must still wait before its next try (0: may try)."""
+        count, last = self._failures.get(address, (0, 0.0))
+        if count < FREE_FAILURES:
+            return 0.0
+        delay = min(MAX_WAIT_S, 2.0 ** (count - FREE_FAILURES))
+        return max(0.0, last + delay - now)
+
+    def failed(self, address: str, now: float) -> int:
+        """Count a wrong token; returns the address's failures so far."""
+        count, last = self._failures.get(address, (0, 0.0))
+        if now - last > MAX_WAIT_S:
+            count = 0
+        if len(self._failures) > 10_000:  # a bound on memory under a spray of addresses
+            self._failures.clear()
+        self._failures[address] = (count + 1, now)
+        return count + 1
+
+    def succeeded(self, address: str) -> None:
+        self._failures.pop(address, None)
+
+
+def _throttle() -> LoginThrottle:
+    """This app's throttle (one per worker process)."""
+    found = current_app.extensions.get("loopstop.login_throttle")
+    if not isinstance(found, LoginThrottle):
+        found = current_app.extensions["loopstop.login_throttle"] = LoginThrottle()
+    return found
+
+
+def _revoked(rt: Runtime, sid: str) -> bool:
+    return SessionRevocations(rt.store, rt.fingerprinter, rt.clock).revoked(sid)
+
+
 def _principal() -> Principal | None:
     rt = runtime()
     if rt.tokens.open:
         return ANONYMOUS if rt.tokens.loopback(request.remote_addr) else None
-    name = session.get("token")
-    return None if not isinstance(name, str) else rt.tokens.by_name(name)
+    name, sid = session.get("token"), session.get("sid")
+    if not isinstance(name, str) or not isinstance(sid, str) or _revoked(rt, sid):
+        return None
+    return rt.tokens.by_name(name)
 
 
 def _login_page(error: str | None = None, status: int = 401) -> Response:
-    html = render_template("ui/login.html", error=error, principal=None)
+    html = render_template("ui/login.html", error=error, principal=None, csrf=_csrf())
     return Response(html, status=status, mimetype="text/html")
+
+
+def _check_csrf() -> None:
+    """:raises Forbidden: the form's CSRF token is missing or not the session's."""
+    expected = session.get("csrf", "")
+    given = request.form.get("csrf", "")
+    if not (expected and hmac.compare_digest(str(expected), given)):
+        exc = Forbidden("the form's CSRF token is missing or wrong: reload the page")
+        auth_failure(exc, request.path, request.remote_addr, session.get("token"))
+        raise exc
 
 
 def _require_form(admin: bool = True) -> Principal:
@@ -68,10 +146,7 @@ def _require_form(admin: bool = True) -> Principal:
     principal = _principal()
     if principal is None:
         raise Unauthenticated("log in at /ui first")
-    expected = session.get("csrf", "")
-    given = request.form.get("csrf", "")
-    if not runtime().tokens.open and not (expected and hmac.compare_digest(str(expected), given)):
-        raise Forbidden("the form's CSRF token is missing or wrong: reload the page")
+    _check_csrf()
     if admin:
         principal.require_admin()
     return principal
@@ -83,6 +158,15 @@ def _csrf() -> str:
     return str(session["csrf"])
 
 
+@bp.errorhandler(LoopstopError)
+def _error_page(exc: LoopstopError) -> Response:
+    """Errors of the page's own forms are pages too (the status kept), not JSON."""
+    html = render_template(
+        "ui/error.html", principal=None, csrf=None, status=exc.status, detail=exc.detail
+    )
+    return Response(html, status=exc.status, mimetype="text/html")
+
+
 @bp.get("/login")
 def login_form() -> Response:
     return _login_page(status=200)
@@ -91,13 +175,27 @@ def login_form() -> Response:
 @bp.post("/login")
 def login() -> Response:
     rt = runtime()
+    _check_csrf()
+    address = request.remote_addr or "unknown"
+    now = rt.clock()
+    wait = _throttle().wait_s(address, now)
+    if wait > 0:
+        resp = _login_page(f"Too many wrong tokens from {address}: try again later.", 429)
+        resp.headers["Retry-After"] = str(max(1, round(wait)))
+        return resp
     token = request.form.get("token", "")
     try:
         principal = rt.tokens.authenticate(f"Bearer {token}", request.remote_addr)
-    except LoopstopError:
+    except LoopstopError as exc:
+        failures = _throttle().failed(address, now)
+        auth_failure(exc, request.path, address, None)
+        if failures >= FREE_FAILURES:
+            log_decision("ui.login", "throttled", None, client=address, failures=failures)
         return _login_page("That token matches no configured token.")
+    _throttle().succeeded(address)
     session.clear()
     session["token"] = principal.name  # the name only, never the value
+    session["sid"] = secrets.token_urlsafe(24)
     session["csrf"] = secrets.token_urlsafe(24)
     log_decision("ui.login", "logged_in", None, token_name=principal.name)
     return redirect(url_for("ui.index"), code=303)  # type: ignore[return-value]
@@ -106,6 +204,10 @@ def login() -> Response:
 @bp.post("/logout")
 def logout() -> Response:
     _require_form(admin=False)
+    sid = session.get("sid")
+    if isinstance(sid, str):
+        rt = runtime()
+        SessionRevocations(rt.store, rt.fingerprinter, rt.clock).revoke(sid, SESSION_S)
     session.clear()
     return redirect(url_for("ui.login_form"), code=303)  # type: ignore[return-value]
 
@@ -171,6 +273,19 @@ def _operations(rt: Runtime, principal: Principal) -> list[Any]:
     return items[:LISTED]
 
 
+def _open_counts(rt: Runtime, principal: Principal, now: float) -> dict[str, int]:
+    """Open and unknown operations in the token's scope (what the bound counts)."""
+    scopes: list[str | None] = [None]
+    if principal.workflows is not None:
+        scopes = list(sorted(principal.workflows))
+    counts = {"open": 0, "unknown": 0}
+    for workflow in scopes:
+        index = keys.open_operations(NS, workflow)
+        counts["open"] += rt.store.index_count(index)
+        counts["unknown"] += rt.store.index_count(index, max_score=now)
+    return counts
+
+
 @bp.get("")
 @bp.get("/")
 def index() -> Response:
@@ -187,6 +302,8 @@ def index() -> Response:
         chains=_chains(rt, principal, now),
         tasks=_tasks(rt, principal, now),
         operations=_operations(rt, principal),
+        counts=_open_counts(rt, principal, now),
+        max_open=rt.settings.operations.max_open_per_workflow,
         message=request.args.get("done"),
     )
     return Response(html, mimetype="text/html")
@@ -265,9 +382,15 @@ def stop_workflow() -> Response:
 @bp.post("/operations/<operation_id>/reconcile")
 def reconcile(operation_id: str) -> Response:
     principal = _require_form()
-    outcome = ReconcileOutcome(request.form.get("outcome", "not_committed"))
+    try:
+        outcome = ReconcileOutcome(request.form.get("outcome", ""))
+    except ValueError:
+        raise MalformedRequest(
+            "outcome must be committed or not_committed: choose one in the form"
+        ) from None
     evidence = {"note": request.form.get("evidence", "").strip()[:1000], "via": "ui"}
-    runtime().operations.reconcile(principal, NS, operation_id, outcome, None, evidence)
+    workflow = request.form.get("workflow", "").strip()[:200] or None
+    runtime().operations.reconcile(principal, NS, operation_id, outcome, None, evidence, workflow)
     log_decision("ui.operations.reconcile", outcome, None, operation_id=operation_id)
     return redirect(
         url_for("ui.index", done=f"operation {operation_id} reconciled"),  # type: ignore[return-value]

@@ -22,17 +22,23 @@ States::
     in_progress --fail unknown, or lease expiry (seen by begin or a read)--> unknown
     unknown --reconcile committed--> committed
     unknown --reconcile not_committed--> not_committed
+
+Once ``unknown``, an operation leaves only through reconciliation (evidence,
+or a reconcile check that asked the system of record): a later ``fail`` is
+a conflict, whatever it claims. The reconcile check recorded by the begin
+that reserved the operation is the one used; only a check that asks the
+system of record (:func:`asks_system_of_record`) may settle a write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
 from sidecar.canonical import canonical_json
-from sidecar.errors import NotFound, StaleAttempt, StateConflict
+from sidecar.errors import NotFound, StaleAttempt, StateConflict, TooManyOpen
 
 
 class OperationState(StrEnum):
@@ -162,10 +168,86 @@ class BeginRequest:
 
 @dataclass(frozen=True)
 class OperationPolicy:
-    """Ledger limits: attempts before ``exhausted``; retention of settled records (s)."""
+    """Ledger limits: attempts before ``exhausted``; retention of settled records (s);
+    how many open operations (in progress or unknown) one workflow may hold."""
 
     max_attempts: int = 3
     retention_s: float = 604_800.0
+    max_open_per_workflow: int = 10_000
+
+
+def check_open_room(
+    op: Operation | None, workflow: str | None, open_count: int, policy: OperationPolicy
+) -> None:
+    """Refuse a begin that would open one more operation past the bound.
+
+    Unknown records are never deleted (they may have landed), so their
+    number is bounded instead: a begin that would make a new open record
+    (a new id, or a retry after ``not_committed``) while ``open_count``
+    already reached ``max_open_per_workflow`` is refused. Begins on open or
+    committed records (replay, reconcile, wait) always pass.
+
+    :raises TooManyOpen: the workflow holds ``max_open_per_workflow`` open operations.
+    """
+    opens = op is None or op.state is OperationState.NOT_COMMITTED
+    if opens and open_count >= policy.max_open_per_workflow:
+        who = f"workflow {workflow!r}" if workflow is not None else "the shared namespace"
+        raise TooManyOpen(
+            f"{who} holds {open_count} open operations (operations.max_open_per_workflow "
+            f"is {policy.max_open_per_workflow}): commit, fail or reconcile some first"
+        )
+
+
+def reconcile_check_of(
+    op: Operation | None, requested: Mapping[str, Any] | None
+) -> tuple[Mapping[str, Any] | None, bool]:
+    """The reconcile check to run for an unknown outcome, and whether the
+    request's own was ignored.
+
+    The check and input recorded by the begin that reserved the operation
+    are the ones used: a later begin naming another (an input pointing at
+    some other record could "prove" the write absent) is never used.
+
+    :returns: ``(spec, ignored)``; ``ignored`` is True when the request named
+        a reconcile check that differs from the recorded one.
+    """
+    if op is None:
+        return requested, False
+    recorded = op.reconcile_check
+    ignored = requested is not None and (
+        recorded is None or canonical_json(dict(requested)) != canonical_json(recorded)
+    )
+    return recorded, ignored
+
+
+#: Check kinds that ask the system of record (an outside request).
+ASKING_KINDS = frozenset({"http"})
+
+
+def asks_system_of_record(
+    name: str, checks: Mapping[str, tuple[str, Sequence[str]]], _depth: int = 0
+) -> bool:
+    """True when check ``name`` can only pass or prove absence by asking the
+    system of record, so that it may settle a write whose outcome is unknown.
+
+    ``http`` asks; ``all`` asks when one of its parts asks (every part must
+    pass); ``any`` asks only when every part asks (any one part passing
+    decides, so a part that asks nothing could settle the write alone). A
+    schema, a cursor or an operations check asks nothing and never may.
+
+    :param checks: name -> ``(kind, parts)`` of every configured check.
+    """
+    entry = checks.get(name)
+    if entry is None or _depth > 32:
+        return False
+    kind, parts = entry
+    if kind in ASKING_KINDS:
+        return True
+    if kind == "all":
+        return any(asks_system_of_record(p, checks, _depth + 1) for p in parts)
+    if kind == "any":
+        return bool(parts) and all(asks_system_of_record(p, checks, _depth + 1) for p in parts)
+    return False
 
 
 @dataclass(frozen=True)
@@ -346,14 +428,36 @@ def fail(
 
     :raises NotFound: no such operation.
     :raises StaleAttempt: ``attempt`` is not the current attempt.
-    :raises StateConflict: the operation is committed, or already failed
-        with the other outcome after ``not_committed``.
+    :raises StateConflict: the operation is settled (committed, or not
+        committed with the other outcome), or its outcome is unknown (stored
+        or by an expired lease) and the fail claims ``not_committed``: once
+        unknown, only reconciliation settles it.
     """
     op = _require(op, operation_id)
     _fence(op, attempt)
     target = OperationState(outcome.value)
     if op.state is target:
         return None, op
+    seen = observe(op, now)
+    if seen.state is OperationState.UNKNOWN:
+        if target is OperationState.UNKNOWN:
+            # The lease ran out first; the caller agrees nobody knows: record why.
+            new = replace(
+                seen,
+                updated_at=now,
+                last_failure={
+                    "attempt": attempt,
+                    "outcome": str(outcome),
+                    "detail": detail,
+                    "at": now,
+                },
+            )
+            return new, new
+        raise StateConflict(
+            f"the outcome of operation {operation_id!r} is unknown: only a reconcile "
+            "with evidence from the receiver settles it, never a later fail",
+            operation=seen,
+        )
     if op.state not in OPEN_STATES:
         raise StateConflict(
             f"operation {operation_id!r} is {op.state}; a fail cannot change that",

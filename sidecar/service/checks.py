@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,11 +12,13 @@ from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
 from sidecar.checks import CheckReason, CheckResult, Checks, Lineage, StorePart, cursor_step
 from sidecar.config import CursorCheck, OperationsCheck
-from sidecar.core.operations import Operation, OperationState, observe
+from sidecar.core.operations import OperationState, observe
 from sidecar.core.tasks import CheckVerdict, Task
-from sidecar.errors import NotFound
+from sidecar.errors import Forbidden, NotFound
 from sidecar.service import keys
 from sidecar.store import Plan, Snapshot, Store, Write
+
+_OPERATION_ID = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9._:@-]{1,200}")
 
 
 def verdict(result: CheckResult) -> CheckVerdict:
@@ -63,7 +66,13 @@ class CheckService:
         def part(name: str, data: Any) -> CheckResult:
             cfg = self.checks.configs[name]
             if isinstance(cfg, OperationsCheck):
-                return self._operations(cfg, data, snap, principal, ns, now)
+                workflow = None
+                if task_id is not None:
+                    task = Task.from_doc(snap.get(keys.task(ns, task_id)))
+                    workflow = task.workflow if task is not None else None
+                elif principal.workflows is not None and len(principal.workflows) == 1:
+                    (workflow,) = principal.workflows
+                return self._operations(cfg, data, snap, principal, ns, now, workflow)
             assert isinstance(cfg, CursorCheck)
             if task_id is None:
                 return CheckResult(
@@ -95,8 +104,17 @@ class CheckService:
 
     @staticmethod
     def _operations(
-        cfg: OperationsCheck, data: Any, snap: Snapshot, principal: Principal, ns: str, now: float
+        cfg: OperationsCheck,
+        data: Any,
+        snap: Snapshot,
+        principal: Principal,
+        ns: str,
+        now: float,
+        workflow: str | None,
     ) -> CheckResult:
+        """Every listed id committed, each looked up in ``workflow``'s namespace."""
+        from sidecar.service.operations import OperationService
+
         ids = jmespath.search(cfg.operations, data)
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             return CheckResult(
@@ -104,7 +122,10 @@ class CheckService:
             )
         states: dict[str, str] = {}
         for oid in ids:
-            op = Operation.from_doc(snap.get(keys.operation(ns, oid)))
+            if not isinstance(oid, str) or not _OPERATION_ID.fullmatch(oid):
+                states[str(oid)[:200]] = "missing"
+                continue
+            _, op = OperationService.find(snap, ns, oid, workflow)
             if op is None or not principal.allows(op.workflow):
                 states[oid] = "missing"
             else:
@@ -114,6 +135,17 @@ class CheckService:
         if committed:
             return CheckResult(True, CheckReason.PASSED, evidence=evidence)
         return CheckResult(False, CheckReason.NOT_COMMITTED, evidence=evidence)
+
+    def require_open(self, principal: Principal, name: str, workflow: str | None) -> None:
+        """Before anything is fetched: the token may run ``name`` (for ``workflow``).
+
+        :raises Forbidden: a scoped token outside the check's ``workflows``.
+        """
+        if not self.checks.open_to(name, principal.workflows, workflow):
+            raise Forbidden(
+                f"check {name!r} is not open to token {principal.name!r}'s workflows "
+                "(the check's workflows list)"
+            )
 
     def run(
         self, principal: Principal, ns: str, name: str, data: Any, task_id: str | None
@@ -125,11 +157,14 @@ class CheckService:
         """
         if name not in self.checks:
             raise NotFound(f"no check named {name!r}")
+        workflow = None
         if task_id is not None:
             doc = self.store.get(keys.task(ns, task_id))
             if doc is None:
                 raise NotFound(f"no task {task_id!r}")
-            principal.require(Task.from_doc(doc).workflow, of_record=True)  # type: ignore[union-attr]
+            workflow = Task.from_doc(doc).workflow  # type: ignore[union-attr]
+            principal.require(workflow, of_record=True)
+        self.require_open(principal, name, workflow)
         fetched = self.checks.prefetch(name, data)
         if not self.checks.needs_store(name):
             return self.checks.run(name, data, fetched)

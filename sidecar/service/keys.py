@@ -8,10 +8,14 @@ ledger entries. The store adds its own prefix (``loopstop:`` on Redis).
 ==============================  ==============================================
 pattern                         what
 ==============================  ==============================================
-``<ns>:op:<operation_id>``      an operation record (JSON)
+``<ns>:op:<wf>/<operation_id>``  an operation in its workflow's namespace (JSON)
+``<ns>:op:<operation_id>``      an operation in the shared namespace (``scope:
+                                "shared"``, or a begin naming no workflow) (JSON)
+``ui:revoked:<h(session)>``     a logged-out operator-page session, until its cookie ends
 ``stop:wf:<workflow>``          a sticky stop of a workflow, every namespace (JSON)
 ``<ns>:stop:chain:<chain_id>``  a sticky stop of a chain (JSON)
-``<ns>:ix:ops-open``            index: open operations, score = lease end
+``<ns>:ix:ops-open``            index: open operations, score = lease end; a member
+                                is the operation's address (``<wf>/<id>`` or ``<id>``)
 ``<ns>:ix:ops-open:wf:<wf>``    the same index for one workflow
 ``<ns>:chain:<chain_id>``       a chain of activations (JSON), TTL = its life
 ``<ns>:effect:<wf>:<h(target)>``  a workflow's effect, one copy per target (JSON)
@@ -42,8 +46,27 @@ def namespace(mode: ExecutionMode | None) -> str:
     return "t" if mode == "test" else "p"
 
 
-def operation(ns: str, operation_id: str) -> str:
-    return f"{ns}:op:{operation_id}"
+def operation(ns: str, operation_id: str, workflow: str | None) -> str:
+    """An operation's key: in ``workflow``'s namespace, or the shared one (None).
+
+    An operation id never holds ``/`` (its pattern), so ``<wf>/<id>`` splits
+    at the last ``/`` and no workflow's key can be another's or a shared one.
+    """
+    return f"{ns}:op:{operation_address(operation_id, workflow)}"
+
+
+def operation_address(operation_id: str, workflow: str | None) -> str:
+    """The member an operation has in the open indexes (its key without ``<ns>:op:``)."""
+    return operation_id if workflow is None else f"{workflow}/{operation_id}"
+
+
+def operation_at(ns: str, address: str) -> str:
+    """The key of the operation at ``address`` (an index member)."""
+    return f"{ns}:op:{address}"
+
+
+def ui_revoked(session_hash: str) -> str:
+    return f"ui:revoked:{session_hash}"
 
 
 def workflow_stop(workflow: str) -> str:

@@ -1,12 +1,25 @@
 """The operation ledger service: keys, transactions and plans around
-:mod:`sidecar.core.operations`."""
+:mod:`sidecar.core.operations`.
+
+Namespaces (DESIGN §1): an operation id lives in its workflow's namespace
+(``<ns>:op:<wf>/<id>``), so two workflows using one id make two operations
+and no workflow can block or probe another's ids. ``scope: "shared"`` on a
+begin (and a begin naming no workflow) uses the one shared namespace
+(``<ns>:op:<id>``), which needs a token holding every workflow. A route
+naming a workflow looks in that workflow's namespace first, then in the
+shared one for a record of the same workflow (shared begins, and records
+made before namespaces existed), so no committed write is forgotten.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
+import logging
 import math
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +41,11 @@ from sidecar.core.operations import (
     OperationState,
     ReconcileOutcome,
 )
-from sidecar.errors import NotFound, ValidationFailed
+from sidecar.errors import Forbidden, NotFound, ValidationFailed
 from sidecar.service import keys
 from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
+
+log = logging.getLogger("loopstop")
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,7 @@ class BeginInput:
     chain_id: str | None
     lease_s: float | None
     reconcile: dict[str, Any] | None = None
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,23 +96,99 @@ class OperationService:
         self.policy = policy
         self.default_lease_s = default_lease_s
         self.clock = clock
+        self._counts: dict[str, tuple[int, float]] = {}
+        self._counts_lock = threading.Lock()
 
     # -- plans -------------------------------------------------------------
 
-    def plan(self, ns: str, op: Operation | None, result: Any) -> Plan[Any]:
-        """Store ``op`` (None: nothing to write) and keep the open index in step."""
+    def plan(self, ns: str, op: Operation | None, result: Any, key: str | None = None) -> Plan[Any]:
+        """Store ``op`` (None: nothing to write) at ``key`` and keep the open index in step.
+
+        :param key: where the record was read (default: its workflow's namespace).
+        """
         plan: Plan[Any] = Plan(result)
         if op is None:
             return plan
-        plan.writes[keys.operation(ns, op.operation_id)] = Write(
-            op.to_doc(), core.retention_s(op, self.policy)
-        )
+        key = key or keys.operation(ns, op.operation_id, op.workflow)
+        plan.writes[key] = Write(op.to_doc(), core.retention_s(op, self.policy))
         indexes = [keys.open_operations(ns)]
         if op.workflow is not None:
             indexes.append(keys.open_operations(ns, op.workflow))
         score = op.lease_expires_at if op.state in OPEN_STATES else None
-        plan.index += [IndexEntry(ix, op.operation_id, score) for ix in indexes]
+        member = key.removeprefix(f"{ns}:op:")
+        plan.index += [IndexEntry(ix, member, score) for ix in indexes]
         return plan
+
+    @staticmethod
+    def find(
+        snap: Snapshot, ns: str, operation_id: str, workflow: str | None
+    ) -> tuple[str, Operation | None]:
+        """Where the operation ``operation_id`` of ``workflow`` is (or would be) kept.
+
+        ``workflow``'s namespace first, then the shared one when it holds a
+        record of that same workflow; None looks in the shared one only.
+
+        :returns: the key (to write back to) and the record, None when absent.
+        """
+        shared_key = keys.operation(ns, operation_id, None)
+        if workflow is None:
+            return shared_key, Operation.from_doc(snap.get(shared_key))
+        own_key = keys.operation(ns, operation_id, workflow)
+        own = Operation.from_doc(snap.get(own_key))
+        if own is not None:
+            return own_key, own
+        shared = Operation.from_doc(snap.get(shared_key))
+        if shared is not None and shared.workflow == workflow:
+            return shared_key, shared
+        return own_key, None
+
+    def resolve_workflow(self, principal: Principal, workflow: str | None) -> str | None:
+        """The workflow a route naming an operation acts for (DESIGN §1).
+
+        Given: it must be in scope. Omitted: the token's only workflow, or
+        the shared namespace for a token holding every workflow.
+
+        :raises Forbidden: the workflow is outside the scope, or a token
+            scoped to several workflows names none.
+        """
+        if workflow is None and principal.workflows is not None:
+            if len(principal.workflows) == 1:
+                (workflow,) = principal.workflows
+            else:
+                raise Forbidden(
+                    f"token {principal.name!r} holds several workflows: name the operation's "
+                    "workflow"
+                )
+        principal.require(workflow)
+        return workflow
+
+    def _open_count(self, ns: str, workflow: str | None) -> int:
+        """Open operations of ``workflow`` (the shared namespace: all of them).
+
+        Read fresh when near the bound; far below it, a count read less than
+        a second ago (plus the begins this worker made since) is enough.
+        """
+        index = keys.open_operations(ns, workflow)
+        with self._counts_lock:
+            cached = self._counts.get(index)
+        now = time.monotonic()
+        if cached is not None:
+            count, at = cached
+            if now - at < 1.0 and count < self.policy.max_open_per_workflow // 2:
+                return count
+        count = self.store.index_count(index)
+        with self._counts_lock:
+            if len(self._counts) > 10_000:
+                self._counts.clear()
+            self._counts[index] = (count, now)
+        return count
+
+    def _opened(self, ns: str, workflow: str | None) -> None:
+        index = keys.open_operations(ns, workflow)
+        with self._counts_lock:
+            cached = self._counts.get(index)
+            if cached is not None:
+                self._counts[index] = (cached[0] + 1, cached[1])
 
     @staticmethod
     def _stopped(
@@ -116,9 +208,16 @@ class OperationService:
         """Decide a ``begin`` atomically (DESIGN §1).
 
         :raises Forbidden: the token may not act for the request's workflow,
-            or for the existing record's workflow.
+            or a shared begin comes from a token that does not hold every workflow.
+        :raises TooManyOpen: the workflow holds ``max_open_per_workflow`` open operations.
         :raises StoreUnavailable: fail closed.
         """
+        principal.require(body.workflow)
+        if body.shared and principal.workflows is not None:
+            raise Forbidden(
+                f"token {principal.name!r} does not hold every workflow: it may not use the "
+                'shared namespace (scope: "shared")'
+            )
         now = self.clock()
         req = BeginRequest(
             operation_id=operation_id,
@@ -130,45 +229,68 @@ class OperationService:
             lease_s=body.lease_s or self.default_lease_s,
             reconcile_check=body.reconcile,
         )
-        key = keys.operation(ns, operation_id)
-        declared = [key]
+        space = None if body.shared else body.workflow
+        declared = [keys.operation(ns, operation_id, space)]
+        if space is not None:
+            declared.append(keys.operation(ns, operation_id, None))
         if body.workflow is not None:
             declared.append(keys.workflow_stop(body.workflow))
         if body.chain_id is not None:
             declared.append(keys.chain_stop(ns, body.chain_id))
+        open_count = self._open_count(ns, body.workflow)
 
         def decide(snap: Snapshot, finding: CheckFinding | None = None) -> Plan[BeginOutcome]:
-            op = Operation.from_doc(snap.get(key))
-            if op is not None:
-                principal.require(op.workflow, of_record=True)
-            principal.require(body.workflow)
+            key, op = self.find(snap, ns, operation_id, space)
             workflow = op.workflow if op and op.workflow else body.workflow
             chain_id = op.chain_id if op and op.chain_id else body.chain_id
             stopped = self._stopped(snap, workflow, chain_id, ns)
+            if stopped is None:
+                core.check_open_room(op, body.workflow, open_count, self.policy)
             if finding is None:
                 new, outcome = core.begin(op, req, self.policy, now, stopped)
             else:
                 new, outcome = core.begin_after_check(
                     op, req, finding, self.policy, self.clock(), stopped
                 )
-            return self.plan(ns, new, outcome)
+            return self.plan(ns, new, outcome, key)
 
         # Most begins are of a new id: the store may decide on "absent" and
         # let its compare-and-set check it (one round trip on Redis).
         outcome = self.store.transact(declared, decide, absent_likely=True)
-        spec = body.reconcile or (outcome.operation.reconcile_check if outcome.operation else None)
+        if outcome.decision is BeginDecision.EXECUTE:
+            self._opened(ns, body.workflow)
+        recorded = outcome.operation if outcome.reason is not BeginReason.NEW else None
+        spec, ignored = core.reconcile_check_of(recorded, body.reconcile)
+        if ignored:
+            log.warning(
+                "operation %r: the begin's reconcile check differs from the one recorded by "
+                "the begin that reserved it; the recorded one is used",
+                operation_id,
+            )
         if outcome.decision is BeginDecision.RECONCILE and spec is not None:
-            finding = self._ask_receiver(spec)
+            finding = self._ask_receiver(dict(spec), principal, body.workflow)
             if finding is not None:
                 outcome = self.store.transact(declared, lambda snap: decide(snap, finding))
         return outcome
 
-    def _ask_receiver(self, spec: dict[str, Any]) -> CheckFinding | None:
-        """Run a reconcile check (outside any transaction); None when it cannot run here."""
+    def may_reconcile(self, name: str) -> bool:
+        """True when check ``name`` asks the system of record (it may settle a write)."""
+        if self.checks is None:
+            return False
+        return core.asks_system_of_record(name, self.checks.shapes())
+
+    def _ask_receiver(
+        self, spec: dict[str, Any], principal: Principal, workflow: str | None
+    ) -> CheckFinding | None:
+        """Run a reconcile check (outside any transaction); None when it cannot run here
+        (unknown, reading the store, asking nothing of the system of record, or not
+        open to ``workflow``)."""
         name = spec.get("check")
         if not isinstance(name, str) or self.checks is None or name not in self.checks:
             return None
-        if self.checks.needs_store(name):
+        if self.checks.needs_store(name) or not self.may_reconcile(name):
+            return None
+        if not self.checks.open_to(name, principal.workflows, workflow):
             return None
         data = spec.get("input")
         result = self.checks.run(name, data, self.checks.prefetch(name, data))
@@ -182,21 +304,24 @@ class OperationService:
         attempt: int,
         receipt: Any,
         result: Any,
+        workflow: str | None = None,
     ) -> Operation:
         """Record the write of ``attempt`` as committed with ``receipt``.
 
+        :param workflow: the workflow the begin gave (see :meth:`resolve_workflow`).
         :raises NotFound, StaleAttempt, StateConflict, Forbidden, StoreUnavailable:
             see :func:`sidecar.core.operations.commit`.
         """
+        workflow = self.resolve_workflow(principal, workflow)
         now = self.clock()
-        key = keys.operation(ns, operation_id)
+        declared = self._declared(ns, operation_id, workflow)
 
         def decide(snap: Snapshot) -> Plan[Operation]:
-            op = self._scoped(principal, snap.get(key), operation_id)
+            key, op = self._scoped(principal, snap, ns, operation_id, workflow)
             new, out = core.commit(op, operation_id, attempt, receipt, result, now)
-            return self.plan(ns, new, out)
+            return self.plan(ns, new, out, key)
 
-        return self.store.transact([key], decide)
+        return self.store.transact(declared, decide)
 
     def fail(
         self,
@@ -206,21 +331,23 @@ class OperationService:
         attempt: int,
         outcome: FailOutcome,
         detail: str | None,
+        workflow: str | None = None,
     ) -> Operation:
         """Record that ``attempt`` failed, with what is known of the outcome.
 
         :raises NotFound, StaleAttempt, StateConflict, Forbidden, StoreUnavailable:
             see :func:`sidecar.core.operations.fail`.
         """
+        workflow = self.resolve_workflow(principal, workflow)
         now = self.clock()
-        key = keys.operation(ns, operation_id)
+        declared = self._declared(ns, operation_id, workflow)
 
         def decide(snap: Snapshot) -> Plan[Operation]:
-            op = self._scoped(principal, snap.get(key), operation_id)
+            key, op = self._scoped(principal, snap, ns, operation_id, workflow)
             new, out = core.fail(op, operation_id, attempt, outcome, detail, now)
-            return self.plan(ns, new, out)
+            return self.plan(ns, new, out, key)
 
-        return self.store.transact([key], decide)
+        return self.store.transact(declared, decide)
 
     def reconcile(
         self,
@@ -230,34 +357,42 @@ class OperationService:
         outcome: ReconcileOutcome,
         receipt: Any,
         evidence: Any,
+        workflow: str | None = None,
     ) -> Operation:
         """Settle an operation whose outcome was unknown; records evidence and actor.
 
         :raises NotFound, StateConflict, Forbidden, StoreUnavailable:
             see :func:`sidecar.core.operations.reconcile`.
         """
+        workflow = self.resolve_workflow(principal, workflow)
         now = self.clock()
-        key = keys.operation(ns, operation_id)
+        declared = self._declared(ns, operation_id, workflow)
 
         def decide(snap: Snapshot) -> Plan[Operation]:
-            op = self._scoped(principal, snap.get(key), operation_id)
+            key, op = self._scoped(principal, snap, ns, operation_id, workflow)
             new, out = core.reconcile(
                 op, operation_id, outcome, receipt, evidence, principal.name, now
             )
-            return self.plan(ns, new, out)
+            return self.plan(ns, new, out, key)
 
-        return self.store.transact([key], decide)
+        return self.store.transact(declared, decide)
 
     # -- reads -------------------------------------------------------------
 
-    def get(self, principal: Principal, ns: str, operation_id: str) -> Operation:
+    def get(
+        self, principal: Principal, ns: str, operation_id: str, workflow: str | None = None
+    ) -> Operation:
         """The record as it stands now (an expired lease shows as ``unknown``).
 
-        :raises NotFound: no such operation.
-        :raises Forbidden: the record belongs to a workflow outside the scope.
+        :raises NotFound: no such operation in the workflow's namespace (the
+            same answer whether it exists elsewhere or nowhere).
+        :raises Forbidden: the named workflow is outside the scope.
         """
-        doc = self.store.get(keys.operation(ns, operation_id))
-        op = self._scoped(principal, doc, operation_id)
+        workflow = self.resolve_workflow(principal, workflow)
+        declared = self._declared(ns, operation_id, workflow)
+        docs = self.store.get_many(declared)
+        snap = Snapshot(docs, lambda more: None)
+        _, op = self._scoped(principal, snap, ns, operation_id, workflow)
         return core.observe(op, self.clock())
 
     def list_open(
@@ -298,10 +433,10 @@ class OperationService:
             entries = self.store.index_page(index, max_score=now, after=after, limit=limit)
         else:
             entries = self.store.index_page(index, min_score=now, after=after, limit=limit)
-        docs = self.store.get_many([keys.operation(ns, m) for m, _ in entries])
+        docs = self.store.get_many([keys.operation_at(ns, m) for m, _ in entries])
         items = []
         for member, _ in entries:
-            op = Operation.from_doc(docs[keys.operation(ns, member)])
+            op = Operation.from_doc(docs[keys.operation_at(ns, member)])
             if op is None:
                 continue
             seen = core.observe(op, now)
@@ -311,12 +446,22 @@ class OperationService:
         return Page(items, encode_cursor(entries[-1][1], entries[-1][0]) if full else None)
 
     @staticmethod
-    def _scoped(principal: Principal, doc: dict[str, Any] | None, operation_id: str) -> Operation:
-        op = Operation.from_doc(doc)
-        if op is None:
-            raise NotFound(f"no operation {operation_id!r}")
-        principal.require(op.workflow, of_record=True)
-        return op
+    def _declared(ns: str, operation_id: str, workflow: str | None) -> list[str]:
+        shared = keys.operation(ns, operation_id, None)
+        return (
+            [shared] if workflow is None else [keys.operation(ns, operation_id, workflow), shared]
+        )
+
+    def _scoped(
+        self, principal: Principal, snap: Snapshot, ns: str, operation_id: str, workflow: str | None
+    ) -> tuple[str, Operation]:
+        """:raises NotFound: absent from the workflow's namespace, or (shared) of
+        a workflow outside the scope: one answer for both."""
+        key, op = self.find(snap, ns, operation_id, workflow)
+        if op is None or not principal.allows(op.workflow):
+            where = f" in workflow {workflow!r}" if workflow is not None else ""
+            raise NotFound(f"no operation {operation_id!r}{where}")
+        return key, op
 
 
 def encode_cursor(score: float, member: str) -> str:

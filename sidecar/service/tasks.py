@@ -177,9 +177,11 @@ class TaskService:
             snap.get(pointer)
             plan.writes[pointer] = Write({"task_id": task.task_id}, ttl)
 
-    def _write_op(self, plan: Plan[Any], ns: str, op: Operation | None) -> None:
+    def _write_op(
+        self, plan: Plan[Any], ns: str, op: Operation | None, key: str | None = None
+    ) -> None:
         if op is not None:
-            sub = self.operations.plan(ns, op, None)
+            sub = self.operations.plan(ns, op, None, key)
             plan.writes.update(sub.writes)
             plan.index += sub.index
 
@@ -345,19 +347,16 @@ class TaskService:
         call_id = body.call_id or "k" + secrets.token_hex(8)
         key = keys.task(ns, task_id)
         declared = [key, *self._stop_keys(ns, task_id)]
-        op_key = keys.operation(ns, body.operation_id) if body.operation_id else None
-        if op_key and body.kind is CallKind.WRITE:
-            declared.append(op_key)
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, ToolOutcome]]:
             task = self._scoped(principal, snap.get(key), task_id)
             self._remember(ns, task)
             op = None
+            op_key = None
             begin = None
-            if body.kind is CallKind.WRITE and op_key and body.operation_id:
-                op = Operation.from_doc(snap.get(op_key))
-                if op is not None:
-                    principal.require(op.workflow, of_record=True)
+            if body.kind is CallKind.WRITE and body.operation_id:
+                # The write lives in the task's workflow namespace (DESIGN §1).
+                op_key, op = self.operations.find(snap, ns, body.operation_id, task.workflow)
                 begin = BeginRequest(
                     operation_id=body.operation_id,
                     fingerprints=args_prints,
@@ -381,7 +380,7 @@ class TaskService:
             plan: Plan[tuple[Task, ToolOutcome]] = Plan((new, out))
             if new != task:
                 self._write_task(plan, snap, ns, new, now, task)
-            self._write_op(plan, ns, new_op)
+            self._write_op(plan, ns, new_op, op_key)
             return plan
 
         return self.store.transact(declared, decide)
@@ -405,8 +404,9 @@ class TaskService:
             task = self._scoped(principal, snap.get(key), task_id)
             call = task.call(call_id)
             op = None
+            op_key = None
             if call is not None and call.operation_id and call.kind is CallKind.WRITE:
-                op = Operation.from_doc(snap.get(keys.operation(ns, call.operation_id)))
+                op_key, op = self.operations.find(snap, ns, call.operation_id, task.workflow)
             plan: Plan[tuple[Task, ResultOutcome, CheckResult | None]] = Plan(
                 (task, ResultOutcome(core.ResultDecision.RECORDED, None), None)
             )
@@ -421,7 +421,7 @@ class TaskService:
             new, new_op, out = core.record_result(task, call_id, given, op, now)
             plan.result = (new, out, checked)
             self._write_task(plan, snap, ns, new, now, task)
-            self._write_op(plan, ns, new_op)
+            self._write_op(plan, ns, new_op, op_key)
             return plan
 
         return self.store.transact([key], decide)
@@ -439,6 +439,8 @@ class TaskService:
         if call is None or call.status is not core.CallStatus.PENDING:
             return None  # the core answers 404 / 409; nothing is asked outside
         tool = self.settings.tools.get(call.tool)
+        if tool is not None and tool.check is not None:
+            self.checks.require_open(principal, tool.check, task.workflow)
         return None if tool is None else tool.check
 
     def complete(
@@ -476,6 +478,8 @@ class TaskService:
         name = exit_check or check
         if name is not None and name not in self.checks.checks:
             raise ValidationFailed([{"loc": ["body", "check"], "msg": f"no check {name!r}"}])
+        if name is not None:
+            self.checks.require_open(principal, name, task.workflow)
         fetched = self.checks.checks.prefetch(name, data) if name else {}
         now = self.clock()
 
@@ -534,7 +538,7 @@ class TaskService:
             if task.status is core.TaskStatus.STOPPED and not principal.admin:
                 raise Forbidden("a stopped task is resumed by an admin token only")
             ops = {
-                oid: Operation.from_doc(snap.get(keys.operation(ns, oid)))
+                oid: self.operations.find(snap, ns, oid, task.workflow)[1]
                 for oid in task.operations
             }
             unknown = core.unknown_operations(ops, now)

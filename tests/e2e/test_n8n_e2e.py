@@ -243,7 +243,7 @@ def test_crm_write_creates_exactly_one_record(stack: Stack) -> None:
     created = [o for o in stack.records.orders if o["order_id"] == "A-100"]
     assert len(created) == 1
     assert again.json() == created[0]
-    op = stack.sidecar_get("/v1/operations/crm-order-A-100")["operation"]
+    op = stack.sidecar_get(f"/v1/operations/crm-order-A-100?workflow={wid}")["operation"]
     assert (op["state"], op["attempt"]) == ("committed", 1)
     assert op["receipt"]["id"] == created[0]["id"]
 
@@ -253,11 +253,12 @@ def test_crm_write_creates_exactly_one_record(stack: Stack) -> None:
     stack.records.slow_orders.add("B-200")
     slow = {"order_id": "B-200", "amount": 7}
     assert deliver(slow).status_code == 503
-    assert stack.sidecar_get("/v1/operations/crm-order-B-200")["operation"]["state"] == "unknown"
+    slow_op = stack.sidecar_get(f"/v1/operations/crm-order-B-200?workflow={wid}")["operation"]
+    assert slow_op["state"] == "unknown"
     for _ in range(3):
         assert deliver(slow).status_code == 200
     assert len([o for o in stack.records.orders if o["order_id"] == "B-200"]) == 1
-    op = stack.sidecar_get("/v1/operations/crm-order-B-200")["operation"]
+    op = stack.sidecar_get(f"/v1/operations/crm-order-B-200?workflow={wid}")["operation"]
     assert op["state"] == "committed" and op["reconciliation"] is not None
 
     rows = stack.n8n.wait_settled(wid, before + 11)

@@ -34,6 +34,8 @@ export const commit: LoopStopOperation = {
 			method: 'POST',
 			path: `/v1/operations/${segment(this, 'operationId', i)}/commit`,
 			body: compact({
+				// The operation lives in its workflow's namespace: name it on every route.
+				workflow: flow.workflow,
 				execution_mode: flow.executionMode,
 				attempt: Number(this.getNodeParameter('attempt', i)),
 				receipt: (json(this, 'receipt', i) ?? null) as never,

@@ -45,6 +45,8 @@ export const fail: LoopStopOperation = {
 			method: 'POST',
 			path: `/v1/operations/${segment(this, 'operationId', i)}/fail`,
 			body: compact({
+				// The operation lives in its workflow's namespace: name it on every route.
+				workflow: flow.workflow,
 				execution_mode: flow.executionMode,
 				attempt: Number(this.getNodeParameter('attempt', i)),
 				outcome: String(this.getNodeParameter('outcome', i)),

@@ -1,5 +1,5 @@
 import type { LoopStopOperation } from '../../shared/types';
-import { segment } from '../../shared/parameters';
+import { compact, segment } from '../../shared/parameters';
 
 /** `GET /v1/operations/{id}`: the record (state, attempt, receipt), never the payload. */
 export const get: LoopStopOperation = {
@@ -7,7 +7,8 @@ export const get: LoopStopOperation = {
 		return {
 			method: 'GET',
 			path: `/v1/operations/${segment(this, 'operationId', i)}`,
-			qs: { execution_mode: flow.executionMode },
+			// The operation lives in its workflow's namespace.
+			qs: compact({ workflow: flow.workflow, execution_mode: flow.executionMode }),
 		};
 	},
 };

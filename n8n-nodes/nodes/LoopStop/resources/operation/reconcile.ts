@@ -51,6 +51,8 @@ export const reconcile: LoopStopOperation = {
 			method: 'POST',
 			path: `/v1/operations/${segment(this, 'operationId', i)}/reconcile`,
 			body: compact({
+				// The operation lives in its workflow's namespace: name it on every route.
+				workflow: flow.workflow,
 				execution_mode: flow.executionMode,
 				outcome: String(this.getNodeParameter('outcome', i)),
 				evidence: (json(this, 'evidence', i) ?? null) as never,
