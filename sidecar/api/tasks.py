@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from flask import Blueprint, Response, g, jsonify
 
 from sidecar.api.body import check_path, parse_body, parse_query
+from sidecar.api.chain_models import cancellation_view, outlier_view
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import ModeQuery
 from sidecar.api.openapi import route
@@ -31,6 +32,7 @@ from sidecar.api.task_models import (
     ToolCallResponse,
 )
 from sidecar.checks import CheckResult
+from sidecar.core.executions import of_mode
 from sidecar.core.guard import (
     IN_PROGRESS_MESSAGE,
     MESSAGES,
@@ -70,7 +72,7 @@ def _message(reason: str | None) -> str | None:
     if reason is None:
         return None
     try:
-        return MESSAGES[EndReason(reason)]
+        return MESSAGES.get(EndReason(reason))
     except ValueError:
         return None
 
@@ -111,6 +113,7 @@ def create() -> Response:
             body.policy,
             body.limits.model_dump(exclude_none=True),
         ),
+        body.execution_id,
     )
     _log("tasks.create", task, "created" if created else "existing", None)
     return _answer(TaskResponse, task, 201 if created else 200)
@@ -151,12 +154,22 @@ def _in_task_namespace(mode: ExecutionMode, task_id: str, call: Callable[[str], 
 )
 def get(task_id: str) -> Response:
     q = parse_query(ModeQuery)
-    task = _in_task_namespace(
+    task, ns = _in_task_namespace(
         q.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.get(g.principal, ns, _task_id(task_id)),
+        lambda ns: (runtime().tasks.get(g.principal, ns, _task_id(task_id)), ns),
     )
-    return _answer(TaskResponse, task)
+    return _answer(TaskResponse, task, **_watch_fields(ns, task))
+
+
+def _watch_fields(ns: str, task: Task) -> dict[str, Any]:
+    """The task's outlier mark and its last stop's cancellation in n8n (DESIGN §6)."""
+    rt = runtime()
+    watched = rt.tasks.watched(ns, task.task_id)
+    return {
+        "outlier": outlier_view(watched.get("outlier")),
+        "cancellation": cancellation_view(rt.stops.recorded(ns, "task", task.task_id)),
+    }
 
 
 @route(
@@ -174,7 +187,9 @@ def model_call(task_id: str) -> Response:
     task, out = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.model_call(g.principal, ns, _task_id(task_id), body.tokens_used),
+        lambda ns: runtime().tasks.model_call(
+            g.principal, ns, _task_id(task_id), body.tokens_used, body.execution_id
+        ),
     )
     decision = "admit" if out.admitted else "deny"
     reason = None if out.reason is None else str(out.reason)
@@ -205,7 +220,9 @@ def tool_call(task_id: str) -> Response:
     task, out = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.tool_call(g.principal, ns, _task_id(task_id), call),
+        lambda ns: runtime().tasks.tool_call(
+            g.principal, ns, _task_id(task_id), call, body.execution_id
+        ),
     )
     reason = None if out.reason is None else str(out.reason)
     message = _message(reason)
@@ -330,13 +347,26 @@ def _check_view(checked: CheckResult | None) -> CheckView | None:
 )
 def stop(task_id: str) -> Response:
     body = parse_body(TaskStopBody)
-    task = _in_task_namespace(
+    rt = runtime()
+    task, ns = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.stop(g.principal, ns, _task_id(task_id)),
+        lambda ns: (rt.tasks.stop(g.principal, ns, _task_id(task_id)), ns),
     )
-    _log("tasks.stop", task, "stopped", body.reason)
-    return _answer(TaskResponse, task)
+    # Committed: now ask n8n to stop the executions that acted for the task (DESIGN §6).
+    mode: ExecutionMode = "test" if ns == "t" else "production"
+    executions = of_mode(rt.tasks.watched(ns, task.task_id).get("executions", []), mode)
+    cancellation = rt.stops.for_executions(mode, executions)
+    rt.stops.record(ns, "task", task.task_id, cancellation, rt.settings.tasks.retention_s)
+    _log(
+        "tasks.stop",
+        task,
+        "stopped",
+        body.reason,
+        cancellation=str(cancellation.state),
+        cancellation_error=cancellation.error,
+    )
+    return _answer(TaskResponse, task, **_watch_fields(ns, task))
 
 
 @route(

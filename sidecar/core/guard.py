@@ -70,6 +70,7 @@ class EndReason(StrEnum):
     OPERATOR_STOP = "operator_stop"
     CHAIN_STOPPED = "chain_stopped"
     WORKFLOW_STOPPED = "workflow_stopped"
+    OUTLIER = "outlier"
     POLICY_DENIED = "policy_denied"
     OPERATION_CONFLICT = "operation_conflict"
     FATAL_RESULT = "fatal_result"
@@ -103,6 +104,7 @@ STATUS_OF: dict[EndReason, TaskStatus] = {
             EndReason.OPERATOR_STOP,
             EndReason.CHAIN_STOPPED,
             EndReason.WORKFLOW_STOPPED,
+            EndReason.OUTLIER,
         )
     },
     **{
