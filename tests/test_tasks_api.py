@@ -380,6 +380,16 @@ def test_unverified_result_when_the_tools_check_cannot_run(make_app: AppFactory)
     ended(a.result(a.call("lookup", {"id": 1}), result={"id": 1}), "blocked", "unverified_result")
 
 
+def test_outlier_stop(make_app: AppFactory) -> None:
+    """``outliers.action: stop`` ends a runaway task (tests/test_outliers.py has the rest)."""
+    api = Api(make_app(outliers={"min_tasks": 1, "action": "stop"}).test_client())
+    normal = Agent(api)
+    normal.model(tokens_used=100)
+    normal.post("/complete", {"evidence": {"done": True}})
+    runaway = Agent(api)
+    ended(runaway.model(tokens_used=501), "stopped", "outlier")
+
+
 SCENARIOS = Path(__file__).parent / "scenarios"
 
 
