@@ -40,6 +40,7 @@ pytestmark = pytest.mark.n8n
 TOKEN = "e2e-stops-n8n-token-0123456789"
 ADMIN = "e2e-stops-admin-token-0123456789"
 WORKFLOW = "lsStopWait000001"
+TASK_WORKFLOW = "lsStopTask000001"
 CONFIRM_S = 20
 SHORT_WAIT_S = 12  # kept in memory by n8n: "running"
 LONG_WAIT_S = 90  # parked in the database: "waiting"
@@ -64,7 +65,10 @@ def _recorder_handler(rec: Recorder) -> type[JsonHandler]:
     return Handler
 
 
-def _workflow(recorder: str) -> dict[str, Any]:
+def _workflow(recorder: str, task: bool = False) -> dict[str, Any]:
+    """The Wait workflow; ``task``: its guard step creates a task instead of checking
+    the trigger (the executions then act for that task)."""
+
     def node(name: str, type_: str, version: float, params: dict[str, Any], x: int) -> Any:
         return {
             "id": str(uuid.uuid4()),
@@ -79,7 +83,11 @@ def _workflow(recorder: str) -> dict[str, Any]:
         "Webhook",
         "n8n-nodes-base.webhook",
         2.1,
-        {"httpMethod": "POST", "path": "loopstop-stop-wait", "options": {}},
+        {
+            "httpMethod": "POST",
+            "path": "loopstop-stop-task" if task else "loopstop-stop-wait",
+            "options": {},
+        },
         0,
     )
     webhook["webhookId"] = str(uuid.uuid4())
@@ -95,6 +103,13 @@ def _workflow(recorder: str) -> dict[str, Any]:
         },
         220,
     )
+    if task:
+        check["name"] = "Create Task"
+        check["parameters"] = {
+            "resource": "task",
+            "operation": "create",
+            "taskKey": "={{ 'task:' + $json.body.run }}",
+        }
     check["credentials"] = {"loopStopApi": {"id": "lsStopLoopCred01", "name": "Loop Stop"}}
     wait = node(
         "Wait",
@@ -126,14 +141,15 @@ def _workflow(recorder: str) -> dict[str, Any]:
     def to(target: str) -> list[dict[str, Any]]:
         return [{"node": target, "type": "main", "index": 0}]
 
+    guard = check["name"]
     return {
-        "id": WORKFLOW,
-        "name": "Loop Stop e2e: executions parked in a Wait",
+        "id": TASK_WORKFLOW if task else WORKFLOW,
+        "name": "Loop Stop e2e: " + ("a task's" if task else "") + " executions parked in a Wait",
         "active": False,
-        "nodes": [webhook, check, wait, after, dropped],
+        "nodes": [webhook, check, wait, after] + ([] if task else [dropped]),
         "connections": {
-            "Webhook": {"main": [to("Check Trigger")]},
-            "Check Trigger": {"main": [to("Wait"), to("Dropped")]},
+            "Webhook": {"main": [to(guard)]},
+            guard: {"main": [to("Wait")] if task else [to("Wait"), to("Dropped")]},
             "Wait": {"main": [to("Side effect")]},
         },
         "settings": {"executionOrder": "v1"},
@@ -161,27 +177,28 @@ class Stack:
         r = self.n8n.webhook("loopstop-stop-wait", {"run": run, "wait_s": wait_s})
         assert r.status_code == 200, r.text
 
-    def statuses(self) -> dict[str, str]:
-        return {str(x["id"]): x["status"] for x in self.n8n.executions(WORKFLOW)}
+    def statuses(self, workflow: str = WORKFLOW) -> dict[str, str]:
+        return {str(x["id"]): x["status"] for x in self.n8n.executions(workflow)}
 
-    def wait_for(self, count: int, timeout: float = 60) -> dict[str, str]:
-        """Until ``count`` new executions are parked (running in the Wait, or waiting)."""
+    def wait_for(self, count: int, timeout: float = 60, workflow: str = WORKFLOW) -> dict[str, str]:
+        """Until ``count`` executions are parked (running in the Wait, or waiting)."""
         deadline = time.monotonic() + timeout
         while True:
-            parked = {k: v for k, v in self.statuses().items() if v in ("running", "waiting")}
+            parked = {
+                k: v for k, v in self.statuses(workflow).items() if v in ("running", "waiting")
+            }
             if len(parked) >= count or time.monotonic() > deadline:
                 return parked
             time.sleep(0.25)
 
-    def chain_of(self, execution_id: str) -> str:
-        """The chain the execution's Check Trigger joined (from n8n's stored run data)."""
+    def answer_of(self, execution_id: str, node: str) -> dict[str, Any]:
+        """The Loop Stop answer a node of the execution got (from n8n's stored run data)."""
         deadline = time.monotonic() + 30
         while True:
             run = self.n8n.run_data(execution_id)
-            runs = (run or {}).get("resultData", {}).get("runData", {}).get("Check Trigger")
+            runs = (run or {}).get("resultData", {}).get("runData", {}).get(node)
             if runs:
-                item = runs[0]["data"]["main"][0][0]["json"]
-                return str(item["loopstop"]["chain_id"])
+                return dict(runs[0]["data"]["main"][0][0]["json"]["loopstop"])
             assert time.monotonic() < deadline, f"no run data for execution {execution_id}"
             time.sleep(0.25)
 
@@ -232,10 +249,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
         )
         n8n.import_credentials(creds)
-        flow = work / "wait.json"
-        flow.write_text(json.dumps(_workflow(recorder)))
-        n8n.import_workflow(flow)
+        flows = work / "workflows"
+        flows.mkdir()
+        (flows / "wait.json").write_text(json.dumps(_workflow(recorder)))
+        (flows / "task.json").write_text(json.dumps(_workflow(recorder, task=True)))
+        n8n.import_workflow(flows)
         n8n.publish(WORKFLOW)
+        n8n.publish(TASK_WORKFLOW)
         stack.callback(n8n.stop)
         n8n.start()
         # The key is made by the owner once n8n runs; the sidecar starts with it.
@@ -276,11 +296,8 @@ def test_a_workflow_stop_cancels_every_parked_execution(stack: Stack) -> None:
     assert out["cancellation"]["state"] == "confirmed", out
     got = _by_id(out)
     assert set(got) == set(parked)
-    for eid, entry in got.items():
-        assert entry["status_before"] == parked[eid] or entry["status_before"] in (
-            "running",
-            "waiting",
-        )
+    assert sorted(e["status_before"] for e in got.values()) == ["running"] * 2 + ["waiting"] * 2
+    for entry in got.values():
         assert entry["status_after"] == "canceled" and entry["confirmed"] is True, entry
     assert out["cancellation"]["elapsed_s"] < CONFIRM_S
     assert {stack.statuses()[k] for k in parked} == {"canceled"}
@@ -306,7 +323,7 @@ def test_a_chain_stop_cancels_only_that_chains_executions(stack: Stack) -> None:
     stack.fire("chain-b", LONG_WAIT_S)
     parked = {k: v for k, v in stack.wait_for(len(before) + 2).items() if k not in before}
     assert len(parked) == 2, stack.statuses()
-    chains = {eid: stack.chain_of(eid) for eid in parked}
+    chains = {eid: str(stack.answer_of(eid, "Check Trigger")["chain_id"]) for eid in parked}
     (a_exec, a_chain), (b_exec, b_chain) = sorted(chains.items(), key=lambda kv: int(kv[0]))
     assert a_chain != b_chain
     seen = stack.admin(f"/v1/chains/{a_chain}")["chain"]["executions"]
@@ -369,3 +386,33 @@ def test_a_refused_key_says_cancellation_failed_and_the_stop_holds(stack: Stack)
         assert ready["status"] == "ready" and ready["n8n"]["reachable"] is False
     finally:
         other.stop()
+
+
+def test_a_task_stop_cancels_the_executions_of_that_task(stack: Stack) -> None:
+    """Two executions act for one task (the same task key), a third for another task;
+    the task stop cancels the first two only."""
+    for run in ("t-1", "t-1", "t-2"):
+        r = stack.n8n.webhook("loopstop-stop-task", {"run": run, "wait_s": LONG_WAIT_S})
+        assert r.status_code == 200, r.text
+    parked = stack.wait_for(3, workflow=TASK_WORKFLOW)
+    assert len(parked) == 3, stack.statuses(TASK_WORKFLOW)
+    tasks = {eid: str(stack.answer_of(eid, "Create Task")["task"]["task_id"]) for eid in parked}
+    ordered = sorted(tasks, key=int)
+    first = tasks[ordered[0]]
+    mine = [eid for eid in ordered if tasks[eid] == first]
+    theirs = [eid for eid in ordered if tasks[eid] != first]
+    assert len(mine) == 2 and len(theirs) == 1, tasks
+
+    out = stack.admin(f"/v1/tasks/{first}/stop", {"reason": "e2e task"})
+    assert (out["envelope"]["status"], out["envelope"]["reason"]) == ("stopped", "operator_stop")
+    assert out["cancellation"]["state"] == "confirmed", out
+    got = _by_id(out)
+    assert set(got) == set(mine)
+    assert all(e["status_after"] == "canceled" and e["confirmed"] for e in got.values()), got
+    assert {stack.statuses(TASK_WORKFLOW)[e] for e in mine} == {"canceled"}
+    time.sleep(2)
+    assert stack.statuses(TASK_WORKFLOW)[theirs[0]] == "waiting"
+    assert stack.admin(f"/v1/tasks/{first}")["cancellation"] == out["cancellation"]
+    cleanup = stack.admin(f"/v1/tasks/{tasks[theirs[0]]}/stop", {"reason": "e2e cleanup"})
+    assert _by_id(cleanup)[theirs[0]]["confirmed"] is True
+    assert stack.recorder.seen == []
