@@ -110,7 +110,10 @@ class TaskWatch:
             key = keys.task_totals(ns, task.workflow, measure)
             if snap.has_read(key):
                 plan.unchecked.add(key)
-        doc = self.doc(snap, ns, task.task_id)
+        # Read the watch document only when something may change in it (or it was
+        # declared up front): a result or a completion costs no extra round trip.
+        needed = execution_id is not None or bool(exceeded) or snap.has_read(watch_key)
+        doc = self.doc(snap, ns, task.task_id) if needed else {}
         changed = False
         remembered = n8n_executions.remember(
             doc.get("executions", []), execution_id, execution_mode, now
