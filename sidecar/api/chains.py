@@ -193,7 +193,8 @@ def get_chain(chain_id: str) -> Response:
     body=StopBody,
     response=ChainResponse,
     path_params=_CHAIN_PATH,
-    summary="Stop a chain (admin): every later activation and begin in it is refused.",
+    summary="Stop a chain (admin): later activations and begins are refused; the n8n "
+    "executions that acted for it are stopped and confirmed.",
 )
 def stop_chain(chain_id: str) -> Response:
     body = parse_body(StopBody)
@@ -281,7 +282,8 @@ def get_workflow(workflow: str) -> Response:
     body=StopBody,
     response=WorkflowResponse,
     path_params=_WF_PATH,
-    summary="Stop a workflow (admin): activations, task admissions and begins are refused.",
+    summary="Stop a workflow (admin): activations, task admissions and begins are refused; "
+    "its running and waiting n8n executions are stopped and confirmed.",
 )
 def stop_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})

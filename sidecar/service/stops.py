@@ -32,6 +32,10 @@ LISTED_STATUSES = ("running", "waiting")
 #: Seconds between two polls of the executions still going (doubling up to the cap).
 POLL_FIRST_S = 0.1
 POLL_MAX_S = 1.0
+#: ``/readyz`` asks n8n at most this often per process, each time within this bound,
+#: so that a probe stays fast while n8n hangs.
+READY_CACHE_S = 10.0
+READY_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -100,22 +104,34 @@ class StopService:
         self.sleep = sleep
         self.monotonic = monotonic
         self.client: N8nClient | None = None
+        self._probe: N8nClient | None = None
+        self._ready: tuple[float, dict[str, Any]] | None = None
         if config is not None:
-            self.client = N8nClient(
-                config.api_url, environ.get(config.api_key_env, ""), session, config.timeout_s
-            )
+            key = environ.get(config.api_key_env, "")
+            self.client = N8nClient(config.api_url, key, session, config.timeout_s)
+            probe_s = min(config.timeout_s, READY_TIMEOUT_S)
+            self._probe = N8nClient(config.api_url, key, session, probe_s)
 
     # -- readiness -----------------------------------------------------------------
 
     def ready(self) -> dict[str, Any]:
-        """Whether n8n's API answers, for ``/readyz`` (a warning, never "not ready")."""
-        if self.client is None:
+        """Whether n8n's API answers, for ``/readyz`` (a warning, never "not ready").
+
+        Asked at most every :data:`READY_CACHE_S` seconds, within
+        :data:`READY_TIMEOUT_S`: the answer may be that old.
+        """
+        if self._probe is None:
             return {"configured": False}
+        now = self.monotonic()
+        if self._ready is not None and now - self._ready[0] < READY_CACHE_S:
+            return self._ready[1]
+        facts: dict[str, Any] = {"configured": True, "reachable": True}
         try:
-            self.client.ping()
+            self._probe.ping()
         except N8nError as exc:
-            return {"configured": True, "reachable": False, "warning": str(exc)}
-        return {"configured": True, "reachable": True}
+            facts = {"configured": True, "reachable": False, "warning": str(exc)}
+        self._ready = (now, facts)
+        return facts
 
     # -- stops ---------------------------------------------------------------------
 
