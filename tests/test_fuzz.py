@@ -92,7 +92,8 @@ def _only_generator_flake(stdout: str) -> bool:
     Python 3.11's AST under two workers ("AST constructor recursion depth
     mismatch" in ``lambda_sources``): not a finding about the server."""
     failures = stdout[stdout.find("___") :]
-    generator = ("Inconsistent results" in failures and "iter_coverage_cases" in failures) or (
+    building = "iter_coverage_cases" in failures or "cover_schema_iter" in failures
+    generator = ("Inconsistent results" in failures and building) or (
         "AST constructor recursion depth mismatch" in failures and "lambda_sources" in failures
     )
     return (
