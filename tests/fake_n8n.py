@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -52,6 +53,7 @@ class FakeN8n:
 
     key: str = "n8n-api-key-0123456789"
     page_size: int = 2
+    delay_s: float = 0.0  # every answer comes this late
     executions: dict[str, FakeExecution] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -79,6 +81,8 @@ def _handler(state: FakeN8n) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _auth(self) -> bool:
+            if state.delay_s:
+                time.sleep(state.delay_s)
             if self.headers.get("X-N8N-API-KEY") != state.key:
                 self._send(401, {"message": "unauthorized"})
                 return False

@@ -287,6 +287,32 @@ def test_a_repeated_stop_is_idempotent_and_checks_again(
     assert again["cancellation"]["state"] == "nothing_to_stop"
 
 
+def test_a_slow_n8n_bounds_how_long_a_stop_asks(make_app: AppFactory, n8n: FakeN8nServer) -> None:
+    """Past confirm_s plus one request's timeout, the executions left are not asked
+    and stay unconfirmed: the answer comes back in bounded time."""
+    n8n.state.add(*(FakeExecution(str(i), "wf-a") for i in range(1, 6)))
+    n8n.state.delay_s = 0.2
+    app = make_app(
+        environ={"N8N_API_KEY": KEY},
+        n8n={"api_url": n8n.api_url, "timeout_s": 0.5, "confirm_s": 0.2},
+    )
+    api = admin(app)
+    chain = activation(api, "wf-a", "row:1", "1")["chain_id"]
+    for i in range(2, 6):
+        api.post(
+            "/v1/effects",
+            {"chain_id": chain, "target_key": f"t{i}", "content": {}, "execution_id": str(i)},
+        )
+    out = api.post(f"/v1/chains/{chain}/stop", {"reason": "loop"})[1]
+    got = by_id(out)
+    assert got["1"]["result"] == "stopped"
+    left = [e for e in got.values() if e["error"] == "not asked: n8n.confirm_s passed"]
+    assert left and all(e["result"] == "unconfirmed" and not e["confirmed"] for e in left)
+    assert out["cancellation"]["state"] == "partial"
+    assert out["cancellation"]["elapsed_s"] < 3
+    assert len(n8n.state.stops()) < 5
+
+
 def test_an_execution_n8n_does_not_know_is_not_found(
     make_app: AppFactory, n8n: FakeN8nServer
 ) -> None:

@@ -173,8 +173,14 @@ class StopService:
         assert self.client is not None and self.config is not None
         client = self.client
         failure: str | None = None
+        # Asking is bounded too (a slow n8n times many executions): past confirm_s plus
+        # one request's timeout, the rest are left unconfirmed, never claimed stopped.
+        ask_until = started + self.config.confirm_s + self.config.timeout_s
         try:
             for t in tracked:
+                if self.monotonic() > ask_until:
+                    t.error, t.done = "not asked: n8n.confirm_s passed", True
+                    continue
                 if not known:
                     ex = client.get(t.execution_id)
                     if ex is None:
