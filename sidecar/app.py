@@ -33,6 +33,7 @@ from sidecar.service.checks import CheckService
 from sidecar.service.gate import GateService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
+from sidecar.service.stops import StopService
 from sidecar.service.tasks import TaskService
 from sidecar.store import Store, sqlite_path, store_from_url
 
@@ -45,6 +46,13 @@ def secret_file_for(store_url: str) -> Path | None:
     """Where the generated secret lives: beside the SQLite database; None for Redis."""
     path = sqlite_path(store_url)
     return None if path is None else path.parent / SECRET_FILE_NAME
+
+
+def _n8n_session() -> requests.Session:
+    """The session n8n's API is called with (no proxy or netrc from the environment)."""
+    s = requests.Session()
+    s.trust_env = False
+    return s
 
 
 def create_app(
@@ -138,6 +146,7 @@ def create_app(
         tasks=task_service,
         checks=check_service,
         model_gate=ModelGate(settings.model_gate, task_service, session, env),
+        stops=StopService(store, settings.n8n, env, _n8n_session(), clock),
     )
 
     @app.before_request

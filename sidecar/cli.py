@@ -114,6 +114,7 @@ def check_config() -> None:
     click.echo(
         f"configuration ok ({path or 'no file, defaults'}); "
         f"store {_redacted_store(settings.store)}; {auth}"
+        + (f"; n8n API {settings.n8n.api_url}" if settings.n8n else "")
     )
 
 

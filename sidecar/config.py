@@ -183,6 +183,42 @@ class ModelGateConfig(_Section):
     allow_untracked: bool = False
 
 
+class N8nConfig(_Section):
+    """n8n's public REST API, which stops reach (DESIGN §6).
+
+    ``api_url`` is the API's base, ``http(s)://<host>/api/v1``; the key
+    (``X-N8N-API-KEY``) sits in the variable ``api_key_env`` names, with the
+    scopes ``execution:list``, ``execution:read`` and ``execution:stop``.
+    ``timeout_s`` bounds each request, ``confirm_s`` how long a stop waits
+    for n8n to report the executions finished.
+    """
+
+    api_url: str
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "N8N_API_KEY"
+    timeout_s: Annotated[float, Field(gt=0, le=300)] = 5
+    confirm_s: Annotated[float, Field(ge=0, le=600)] = 20
+
+    @model_validator(mode="after")
+    def _absolute(self) -> N8nConfig:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.api_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("api_url must be an absolute http:// or https:// URL")
+        if parts.query or parts.fragment:
+            raise ValueError("api_url takes no query or fragment")
+        return self
+
+
+class OutliersConfig(_Section):
+    """Runaway tasks (DESIGN §6): ``factor`` x the workflow's mean, after ``min_tasks``."""
+
+    factor: Annotated[float, Field(gt=1, le=1000)] = 5
+    min_tasks: Count = 20
+    running_s: Seconds = 1800
+    action: Literal["flag", "wrap_up", "stop"] = "flag"
+
+
 class HttpConfig(_Section):
     """Serving limits.
 
@@ -290,6 +326,8 @@ class Settings(_Section):
     operations: OperationsConfig = OperationsConfig()
     tasks: TasksConfig = TasksConfig()
     model_gate: ModelGateConfig = ModelGateConfig()
+    n8n: N8nConfig | None = None
+    outliers: OutliersConfig = OutliersConfig()
     http: HttpConfig = HttpConfig()
     logging: LoggingConfig = LoggingConfig()
     checks: dict[str, CheckConfig] = {}
@@ -408,6 +446,13 @@ def load_settings(
         for i, t in enumerate(settings.tokens)
         if len(env.get(t.env, "").strip()) < MIN_TOKEN_CHARS
     ]
+    if settings.n8n is not None and not env.get(settings.n8n.api_key_env, "").strip():
+        missing.append(
+            (
+                "n8n.api_key_env",
+                f"environment variable {settings.n8n.api_key_env} is not set (n8n API key)",
+            )
+        )
     if missing:
         raise ConfigError(missing)
     return settings

@@ -24,6 +24,11 @@ Metric names (all prefixed ``loopstop_``):
 ``auth_failures_total{reason}``         requests refused before authentication
                                         succeeded (missing/unknown token, foreign
                                         origin or host, CSRF, not loopback)
+``task_outliers_total{measure,action}`` running tasks flagged past the workflow's mean
+``tasks_running_long``                  running tasks older than ``outliers.running_s``
+                                        (a gauge read from the store at scrape)
+``n8n_cancellations_total{kind,state}`` stops that asked n8n, by what n8n confirmed
+``n8n_executions_stopped_total{result}`` executions a stop asked n8n about, by result
 ======================================  ======================================
 
 Labels never carry ids (tasks, chains, operations) or payload values: their
@@ -79,6 +84,24 @@ STORE_CONFLICTS = Counter(
     "loopstop_store_conflicts_total",
     "Redis compare-and-sets that found a document changed since it was read "
     "(the transaction re-ran on the current documents).",
+)
+TASK_OUTLIERS = Counter(
+    "loopstop_task_outliers_total",
+    "Running tasks flagged as outliers (past outliers.factor x the workflow's mean), "
+    "by measure and configured action.",
+    ["measure", "action"],
+)
+N8N_CANCELLATIONS = Counter(
+    "loopstop_n8n_cancellations_total",
+    "Stops that asked n8n to stop executions, by stop kind and outcome "
+    "(confirmed, partial, failed, not_configured, nothing_to_stop).",
+    ["kind", "state"],
+)
+N8N_EXECUTIONS = Counter(
+    "loopstop_n8n_executions_stopped_total",
+    "Executions a stop asked n8n about, by result (stopped, finished, already_finished, "
+    "unconfirmed, not_found).",
+    ["result"],
 )
 MODEL_TOKENS = Counter(
     "loopstop_model_tokens_total", "Tokens the upstream model reported through the gate."
@@ -160,7 +183,9 @@ class _StoreGauge(Collector):
 
 
 def exposition(
-    count_unknown: Callable[[], int], count_open: Callable[[], int] | None = None
+    count_unknown: Callable[[], int],
+    count_open: Callable[[], int] | None = None,
+    count_long: Callable[[], int] | None = None,
 ) -> bytes:
     """The text exposition of every metric, aggregated over all workers."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -183,6 +208,14 @@ def exposition(
                 "loopstop_operations_open",
                 "Open operations, in progress or unknown (production namespace).",
                 count_open,
+            )
+        )
+    if count_long is not None:
+        gauge.register(
+            _StoreGauge(
+                "loopstop_tasks_running_long",
+                "Running tasks older than outliers.running_s (production namespace).",
+                count_long,
             )
         )
     return samples + generate_latest(gauge)

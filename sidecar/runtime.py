@@ -18,6 +18,7 @@ from sidecar.service.checks import CheckService
 from sidecar.service.gate import GateService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
+from sidecar.service.stops import StopService
 from sidecar.service.tasks import TaskService
 from sidecar.store import Store
 
@@ -37,6 +38,7 @@ class Runtime:
     tasks: TaskService
     checks: CheckService
     model_gate: ModelGate
+    stops: StopService
 
 
 def runtime() -> Runtime:

@@ -25,7 +25,7 @@ def test_compose_file_wires_redis_with_aof_and_loopstop() -> None:
 def test_alert_rules_use_exported_metrics(make_app: AppFactory) -> None:
     rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
-    assert len(exprs) == 4
+    assert len(exprs) == 7
     exported = Api(make_app().test_client()).client.get("/metrics").get_data(as_text=True)
     for expr in exprs:
         for name in re.findall(r"loopstop_[a-z_]+", expr):
@@ -83,7 +83,7 @@ def test_alert_rules_pass_promtool() -> None:
         timeout=60,
         check=False,
     )
-    assert out.returncode == 0 and "SUCCESS: 4 rules found" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "SUCCESS: 7 rules found" in out.stdout, out.stdout + out.stderr
 
 
 def test_dockerfile_passes_hadolint() -> None:

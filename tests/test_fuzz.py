@@ -88,11 +88,16 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path, store_url: str) -> N
 def _only_generator_flake(stdout: str) -> bool:
     """True when the run's only failures are schemathesis' own generator
     reporting hypothesis' "Inconsistent results" while building a test case
-    (no request was judged): not a finding about the server."""
+    (no request was judged), or hypothesis' lambda-source parser tripping on
+    Python 3.11's AST under two workers ("AST constructor recursion depth
+    mismatch" in ``lambda_sources``): not a finding about the server."""
     failures = stdout[stdout.find("___") :]
+    building = "iter_coverage_cases" in failures or "cover_schema_iter" in failures
+    generator = ("Inconsistent results" in failures and building) or (
+        "AST constructor recursion depth mismatch" in failures and "lambda_sources" in failures
+    )
     return (
-        "Inconsistent results" in failures
-        and "iter_coverage_cases" in failures
+        generator
         and "Server error" not in failures
         and "Response violates schema" not in failures
         and "Undocumented" not in failures

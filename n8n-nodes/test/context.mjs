@@ -40,6 +40,7 @@ function lookup(params, path) {
  *   expressions per item).
  * - `items`: the input items (default one empty item).
  * - `mode`: what `getMode()` answers (default `webhook`).
+ * - `executionId`: what `getExecutionId()` answers (default none).
  * - `continueOnFail`: what `continueOnFail()` answers.
  * - `answers`: what `httpRequestWithAuthentication` does, one per call in
  *   order (the last one repeats): a `{statusCode, body}` object to return, an
@@ -52,6 +53,7 @@ export function makeContext({
 	params = {},
 	items = [{ json: {} }],
 	mode = 'webhook',
+	executionId = undefined,
 	continueOnFail = false,
 	answers = [{ statusCode: 200, body: {} }],
 	credentials = CREDENTIALS,
@@ -88,6 +90,9 @@ export function makeContext({
 		},
 		getMode() {
 			return mode;
+		},
+		getExecutionId() {
+			return executionId;
 		},
 		continueOnFail() {
 			return continueOnFail;

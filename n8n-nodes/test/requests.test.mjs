@@ -74,6 +74,28 @@ describe('every operation: transport', () => {
 	});
 });
 
+describe('every operation: execution id', () => {
+	for (const key of Object.keys(MINIMAL_PARAMS)) {
+		it(`${key} carries $execution.id as execution_id in its body`, async () => {
+			const call = await request(key, {}, { executionId: '4711' });
+			if (call.options.body === undefined) {
+				// A GET: the query holds only execution_mode (the sidecar refuses other fields).
+				assert.deepEqual(Object.keys(call.options.qs ?? {}), ['execution_mode']);
+				return;
+			}
+			assert.equal(call.options.body.execution_id, '4711');
+			assert.ok('execution_mode' in call.options.body);
+		});
+	}
+
+	it('leaves out an id the sidecar would refuse, and none at all', async () => {
+		for (const executionId of [undefined, '', 'a/b', 'x'.repeat(65)]) {
+			const call = await request('task.stop', {}, { executionId });
+			assert.equal('execution_id' in call.options.body, false, String(executionId));
+		}
+	});
+});
+
 describe('activation.checkTrigger', () => {
 	it('POSTs /v1/activations with every field in snake_case', async () => {
 		const call = await request(

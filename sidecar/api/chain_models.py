@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, JsonValue, field_validator, model_validator
@@ -141,6 +142,9 @@ class ChainView(BaseModel):
     alive: bool
     stopped: StopView | None
     recent: list[ActivationEntry]
+    executions: list[dict[str, Any]] = Field(
+        default=[], description="The n8n executions that acted for the chain (a stop stops them)."
+    )
 
     @classmethod
     def of(cls, chain: Chain, stop: Stop | None, now: float) -> ChainView:
@@ -157,13 +161,69 @@ class ChainView(BaseModel):
             alive=chain.alive(now),
             stopped=StopView.of(stop),
             recent=[ActivationEntry(**{**e, "at": rfc3339(e["at"])}) for e in chain.recent],
+            executions=[{**e, "at": rfc3339(e.get("at"))} for e in chain.executions],
         )
+
+
+class ExecutionStopView(BaseModel):
+    """One n8n execution a stop asked n8n to stop (DESIGN §6).
+
+    ``confirmed`` is true only when n8n reported a finished status;
+    ``result`` is ``stopped`` (n8n answered ``canceled``), ``finished`` (it
+    ended by itself meanwhile), ``already_finished``, ``unconfirmed`` or
+    ``not_found``.
+    """
+
+    execution_id: str
+    status_before: str | None
+    status_after: str | None
+    confirmed: bool
+    result: str
+    error: str | None = None
+
+
+class CancellationView(BaseModel):
+    """What the last stop asked n8n and saw.
+
+    ``state``: ``confirmed`` (every execution reported finished), ``partial``
+    (some unconfirmed), ``failed`` (n8n unreachable or the key refused:
+    ``error`` says why; loopstop's own stop still holds), ``not_configured``
+    (no ``n8n`` section), ``nothing_to_stop``.
+    """
+
+    state: str
+    at: str
+    execution_mode: str
+    error: str | None
+    elapsed_s: float
+    executions: list[ExecutionStopView]
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any] | None) -> CancellationView | None:
+        if doc is None:
+            return None
+        return cls(**{**doc, "at": rfc3339(doc.get("at")) or ""})
+
+
+def cancellation_view(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A stored cancellation record as JSON (None when there is none)."""
+    view = CancellationView.of(doc)
+    return None if view is None else view.model_dump(mode="json")
+
+
+def outlier_view(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A task's outlier mark as JSON: ``{at, action, factor, exceeded: [...]}``."""
+    if not doc:
+        return None
+    return {**doc, "at": rfc3339(doc.get("at"))}
 
 
 class ChainResponse(BaseModel):
     chain: ChainView
+    cancellation: CancellationView | None = None
 
 
 class WorkflowResponse(BaseModel):
     workflow: str
     stopped: StopView | None
+    cancellation: CancellationView | None = None

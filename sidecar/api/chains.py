@@ -13,6 +13,7 @@ from sidecar.api.chain_models import (
     ActivationBody,
     ActivationCounts,
     ActivationResponse,
+    CancellationView,
     ChainResponse,
     ChainView,
     EffectBody,
@@ -25,12 +26,15 @@ from sidecar.api.chain_models import (
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import ModeQuery, rfc3339
 from sidecar.api.openapi import route
+from sidecar.core.executions import of_mode
+from sidecar.core.gate import Stop
 from sidecar.errors import ValidationFailed
 from sidecar.markers import CHAIN_ID_PATTERN
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.gate import ActivationInput, ChainInfo, EffectInput
 from sidecar.service.keys import ExecutionMode
+from sidecar.service.stops import Cancellation
 
 bp = Blueprint("chains", __name__, url_prefix="/v1")
 
@@ -63,6 +67,8 @@ def activate() -> Response:
             content=body.content,
             event=body.event,
             marker=body.marker,
+            execution_id=body.execution_id,
+            execution_mode=body.execution_mode,
         ),
     )
     out = result.outcome
@@ -79,6 +85,7 @@ def activate() -> Response:
         activation_id=result.activation_id,
         invalid_markers=result.invalid_markers or None,
         execution_mode=body.execution_mode,
+        execution_id=body.execution_id,
     )
     view = ActivationResponse(
         decision=out.decision,
@@ -122,6 +129,8 @@ def register_effect() -> Response:
             content=body.content,
             ttl_s=body.ttl_s,
             strict=body.strict,
+            execution_id=body.execution_id,
+            execution_mode=body.execution_mode,
         ),
     )
     log_decision(
@@ -144,8 +153,17 @@ def register_effect() -> Response:
     return jsonify(view.model_dump(mode="json"))
 
 
-def _chain_answer(info: ChainInfo) -> Response:
-    view = ChainResponse(chain=ChainView.of(info.chain, info.stop, runtime().clock()))
+def _chain_answer(info: ChainInfo, ns: str, cancellation: Cancellation | None = None) -> Response:
+    rt = runtime()
+    recorded = (
+        cancellation.to_doc()
+        if cancellation is not None
+        else rt.stops.recorded(ns, "chain", info.chain.chain_id)
+    )
+    view = ChainResponse(
+        chain=ChainView.of(info.chain, info.stop, rt.clock()),
+        cancellation=CancellationView.of(recorded),
+    )
     return jsonify(view.model_dump(mode="json"))
 
 
@@ -163,9 +181,8 @@ def _chain_answer(info: ChainInfo) -> Response:
 def get_chain(chain_id: str) -> Response:
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     q = parse_query(ModeQuery)
-    return _chain_answer(
-        runtime().gate.chain(g.principal, keys.namespace(q.execution_mode), chain_id)
-    )
+    ns = keys.namespace(q.execution_mode)
+    return _chain_answer(runtime().gate.chain(g.principal, ns, chain_id), ns)
 
 
 @route(
@@ -176,7 +193,8 @@ def get_chain(chain_id: str) -> Response:
     body=StopBody,
     response=ChainResponse,
     path_params=_CHAIN_PATH,
-    summary="Stop a chain (admin): every later activation and begin in it is refused.",
+    summary="Stop a chain (admin): later activations and begins are refused; the n8n "
+    "executions that acted for it are stopped and confirmed.",
 )
 def stop_chain(chain_id: str) -> Response:
     body = parse_body(StopBody)
@@ -201,9 +219,15 @@ def resume_chain(chain_id: str) -> Response:
 def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bool) -> Response:
     """Stop or resume a chain (admin), log it, answer with the chain."""
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
-    info = runtime().gate.stop_chain(
-        g.principal, keys.namespace(mode), chain_id, reason, stopped=stopped
-    )
+    rt = runtime()
+    ns = keys.namespace(mode)
+    info = rt.gate.stop_chain(g.principal, ns, chain_id, reason, stopped=stopped)
+    cancellation = None
+    if stopped:
+        # Committed: now ask n8n to stop the executions that acted for the chain.
+        cancellation = rt.stops.for_executions(mode, of_mode(info.chain.executions, mode))
+        ttl_s = info.chain.expires_at - rt.clock()
+        rt.stops.record(ns, "chain", chain_id, cancellation, ttl_s)
     route_name = "chains.stop" if stopped else "chains.resume"
     log_decision(
         route_name,
@@ -211,12 +235,23 @@ def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bo
         reason or None,
         chain_id=chain_id,
         workflow=info.chain.workflow,
+        cancellation=None if cancellation is None else str(cancellation.state),
+        cancellation_error=None if cancellation is None else cancellation.error,
     )
-    return _chain_answer(info)
+    return _chain_answer(info, ns, cancellation)
 
 
-def _workflow_answer(workflow: str, stop: object) -> Response:
-    view = WorkflowResponse(workflow=workflow, stopped=StopView.of(stop))  # type: ignore[arg-type]
+def _workflow_answer(
+    workflow: str, stop: Stop | None, ns: str, cancellation: Cancellation | None = None
+) -> Response:
+    recorded = (
+        cancellation.to_doc()
+        if cancellation is not None
+        else runtime().stops.recorded(ns, "workflow", workflow)
+    )
+    view = WorkflowResponse(
+        workflow=workflow, stopped=StopView.of(stop), cancellation=CancellationView.of(recorded)
+    )
     return jsonify(view.model_dump(mode="json"))
 
 
@@ -234,8 +269,9 @@ def _workflow_answer(workflow: str, stop: object) -> Response:
 def get_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     q = parse_query(ModeQuery)
-    stop = runtime().gate.workflow_stop(g.principal, keys.namespace(q.execution_mode), workflow)
-    return _workflow_answer(workflow, stop)
+    ns = keys.namespace(q.execution_mode)
+    stop = runtime().gate.workflow_stop(g.principal, ns, workflow)
+    return _workflow_answer(workflow, stop, ns)
 
 
 @route(
@@ -246,16 +282,28 @@ def get_workflow(workflow: str) -> Response:
     body=StopBody,
     response=WorkflowResponse,
     path_params=_WF_PATH,
-    summary="Stop a workflow (admin): activations, task admissions and begins are refused.",
+    summary="Stop a workflow (admin): activations, task admissions and begins are refused; "
+    "its running and waiting n8n executions are stopped and confirmed.",
 )
 def stop_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     body = parse_body(StopBody)
-    stop = runtime().gate.stop_workflow(
-        g.principal, keys.namespace(body.execution_mode), workflow, body.reason, stopped=True
+    rt = runtime()
+    ns = keys.namespace(body.execution_mode)
+    stop = rt.gate.stop_workflow(g.principal, ns, workflow, body.reason, stopped=True)
+    # Committed: now ask n8n to stop the workflow's running and waiting executions
+    # of the stop's own mode, confirm, and record what was confirmed (DESIGN §6).
+    cancellation = rt.stops.for_workflow(body.execution_mode, workflow)
+    rt.stops.record(ns, "workflow", workflow, cancellation, rt.settings.operations.retention_s)
+    log_decision(
+        "workflows.stop",
+        "stopped",
+        body.reason,
+        workflow=workflow,
+        cancellation=str(cancellation.state),
+        cancellation_error=cancellation.error,
     )
-    log_decision("workflows.stop", "stopped", body.reason, workflow=workflow)
-    return _workflow_answer(workflow, stop)
+    return _workflow_answer(workflow, stop, ns, cancellation)
 
 
 @route(
@@ -271,8 +319,7 @@ def stop_workflow(workflow: str) -> Response:
 def resume_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     body = parse_body(ResumeBody)
-    stop = runtime().gate.stop_workflow(
-        g.principal, keys.namespace(body.execution_mode), workflow, body.reason or "", stopped=False
-    )
+    ns = keys.namespace(body.execution_mode)
+    stop = runtime().gate.stop_workflow(g.principal, ns, workflow, body.reason or "", stopped=False)
     log_decision("workflows.resume", "resumed", body.reason, workflow=workflow)
-    return _workflow_answer(workflow, stop)
+    return _workflow_answer(workflow, stop, ns)

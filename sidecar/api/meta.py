@@ -38,15 +38,17 @@ def healthz() -> Response:
     public,
     "/readyz",
     "GET",
-    summary="Readiness: the store answers (503 when not).",
+    summary="Readiness: the store answers (503 when not); n8n's API, a warning only.",
     tag="meta",
     response=Ready,
     errors=(503,),
     auth=False,
 )
 def readyz() -> Response:
-    facts = runtime().store.ping()
-    return jsonify(Ready(status="ready", store=facts).model_dump())
+    rt = runtime()
+    facts = rt.store.ping()
+    # Whether n8n's API answers: a warning, never "not ready" (decisions do not need it).
+    return jsonify(Ready(status="ready", store=facts, n8n=rt.stops.ready()).model_dump())
 
 
 @public.get("/metrics")
@@ -73,7 +75,13 @@ def metrics_route() -> Response:
     def open_ops() -> int:
         return rt.store.index_count(keys.open_operations("p"))
 
-    return Response(metrics.exposition(unknown, open_ops), content_type=metrics.CONTENT_TYPE)
+    def running_long() -> int:
+        since = rt.clock() - rt.settings.outliers.running_s
+        return rt.store.index_count(keys.running_tasks("p"), max_score=since)
+
+    return Response(
+        metrics.exposition(unknown, open_ops, running_long), content_type=metrics.CONTENT_TYPE
+    )
 
 
 @public.get("/openapi.json")

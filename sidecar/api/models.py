@@ -88,12 +88,24 @@ ExecutionModeField = Annotated[
 ]
 
 
+ExecutionIdField = Annotated[
+    str | None,
+    Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="n8n's `$execution.id`: a chain or task stop stops the executions "
+        "that acted for it.",
+    ),
+]
+
+
 class RequestBody(BaseModel):
     """Base of every request body: unknown fields are errors."""
 
     model_config = ConfigDict(extra="forbid", regex_engine="python-re")
 
     execution_mode: ExecutionModeField = "production"
+    execution_id: ExecutionIdField = None
 
 
 class ReconcileSpec(BaseModel):
@@ -285,6 +297,9 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready"]
     store: dict[str, JsonValue]
+    n8n: dict[str, JsonValue] = Field(
+        default={}, description="Whether n8n's API answers (a warning only, never not ready)."
+    )
 
 
 class ProblemError(BaseModel):

@@ -167,6 +167,14 @@ class TaskView(BaseModel):
 class TaskResponse(BaseModel):
     task: TaskView
     envelope: dict[str, JsonValue] | None
+    outlier: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="Set once the task was flagged as a runaway (GET and stop answers).",
+    )
+    cancellation: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="What the last task stop asked n8n and saw (GET and stop answers).",
+    )
 
 
 class ModelCallResponse(TaskResponse):

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from flask import Blueprint, Response, g, jsonify
 
 from sidecar.api.body import check_path, parse_body, parse_query
+from sidecar.api.chain_models import cancellation_view, outlier_view
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import ModeQuery
 from sidecar.api.openapi import route
@@ -31,6 +32,7 @@ from sidecar.api.task_models import (
     ToolCallResponse,
 )
 from sidecar.checks import CheckResult
+from sidecar.core.executions import of_mode
 from sidecar.core.tasks import LifecycleDecision, ResultDecision, Task, ToolDecision, ToolResult
 from sidecar.errors import NotFound
 from sidecar.runtime import runtime
@@ -98,6 +100,7 @@ def create() -> Response:
             body.limits.model_dump(exclude_none=True),
             body.initial_revision,
         ),
+        body.execution_id,
     )
     decision = LifecycleDecision.CREATED if created else LifecycleDecision.EXISTING
     _log("tasks.create", task, decision, None)
@@ -139,12 +142,22 @@ def _in_task_namespace(mode: ExecutionMode, task_id: str, call: Callable[[str], 
 )
 def get(task_id: str) -> Response:
     q = parse_query(ModeQuery)
-    task = _in_task_namespace(
+    task, ns = _in_task_namespace(
         q.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.get(g.principal, ns, _task_id(task_id)),
+        lambda ns: (runtime().tasks.get(g.principal, ns, _task_id(task_id)), ns),
     )
-    return _answer(TaskResponse, task)
+    return _answer(TaskResponse, task, **_watch_fields(ns, task))
+
+
+def _watch_fields(ns: str, task: Task) -> dict[str, Any]:
+    """The task's outlier mark and its last stop's cancellation in n8n (DESIGN §6)."""
+    rt = runtime()
+    watched = rt.tasks.watched(ns, task.task_id)
+    return {
+        "outlier": outlier_view(watched.get("outlier")),
+        "cancellation": cancellation_view(rt.stops.recorded(ns, "task", task.task_id)),
+    }
 
 
 @route(
@@ -162,7 +175,9 @@ def model_call(task_id: str) -> Response:
     task, out = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.model_call(g.principal, ns, _task_id(task_id), body.tokens_used),
+        lambda ns: runtime().tasks.model_call(
+            g.principal, ns, _task_id(task_id), body.tokens_used, execution_id=body.execution_id
+        ),
     )
     reason = None if out.reason is None else str(out.reason)
     _log("tasks.model_call", task, out.decision, reason, wrap_up=out.wrap_up)
@@ -192,7 +207,9 @@ def tool_call(task_id: str) -> Response:
     task, out = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.tool_call(g.principal, ns, _task_id(task_id), call),
+        lambda ns: runtime().tasks.tool_call(
+            g.principal, ns, _task_id(task_id), call, body.execution_id
+        ),
     )
     reason = None if out.reason is None else str(out.reason)
     replay = out.decision is ToolDecision.REPLAY and out.operation is not None
@@ -307,13 +324,26 @@ def _check_view(checked: CheckResult | None) -> CheckView | None:
 )
 def stop(task_id: str) -> Response:
     body = parse_body(TaskStopBody)
-    task = _in_task_namespace(
+    rt = runtime()
+    task, ns = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.stop(g.principal, ns, _task_id(task_id)),
+        lambda ns: (rt.tasks.stop(g.principal, ns, _task_id(task_id)), ns),
     )
-    _log("tasks.stop", task, LifecycleDecision.STOPPED, body.reason)
-    return _answer(TaskResponse, task)
+    # Committed: now ask n8n to stop the executions that acted for the task (DESIGN §6).
+    mode: ExecutionMode = "test" if ns == "t" else "production"
+    executions = of_mode(rt.tasks.watched(ns, task.task_id).get("executions", []), mode)
+    cancellation = rt.stops.for_executions(mode, executions)
+    rt.stops.record(ns, "task", task.task_id, cancellation, rt.settings.tasks.retention_s)
+    _log(
+        "tasks.stop",
+        task,
+        LifecycleDecision.STOPPED,
+        body.reason,
+        cancellation=str(cancellation.state),
+        cancellation_error=cancellation.error,
+    )
+    return _answer(TaskResponse, task, **_watch_fields(ns, task))
 
 
 @route(

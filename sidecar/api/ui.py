@@ -37,6 +37,7 @@ from flask import (
 
 from sidecar.api.decisions import log_decision
 from sidecar.auth import ANONYMOUS, Principal, auth_failure
+from sidecar.core.executions import of_mode
 from sidecar.core.gate import Chain, Stop
 from sidecar.core.operations import OperationState, ReconcileOutcome
 from sidecar.core.tasks import Task
@@ -243,7 +244,7 @@ def _tasks(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]
     entries = rt.store.index_page(keys.recent_tasks(NS), min_score=now - horizon, limit=500)
     ids = [m for m, _ in reversed(entries)]
     docs = rt.store.get_many([keys.task(NS, i) for i in ids])
-    out = []
+    out: list[dict[str, Any]] = []
     for task_id in ids:
         task = Task.from_doc(docs[keys.task(NS, task_id)])
         if task is None or not principal.allows(task.workflow):
@@ -257,7 +258,40 @@ def _tasks(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]
         out.append({"task": task, "bars": bars})
         if len(out) == LISTED:
             break
+    watch = {t["task"].task_id: keys.task_watch(NS, t["task"].task_id) for t in out}
+    marks = rt.store.get_many(list(watch.values()))
+    for t, key in zip(out, watch.values(), strict=True):  # a runaway task's mark (DESIGN §6)
+        t["outlier"] = (marks[key] or {}).get("outlier")
     return out
+
+
+def _running_long(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
+    """Running tasks older than ``outliers.running_s``, oldest first."""
+    since = now - rt.settings.outliers.running_s
+    entries = rt.store.index_page(keys.running_tasks(NS), max_score=since, limit=500)
+    docs = rt.store.get_many([keys.task(NS, m) for m, _ in entries])
+    out = []
+    for member, _ in entries:
+        task = Task.from_doc(docs[keys.task(NS, member)])
+        if task is None or task.envelope is not None or not principal.allows(task.workflow):
+            continue
+        out.append({"task": task, "running_s": int(now - task.created_at)})
+        if len(out) == LISTED:
+            break
+    return out
+
+
+def _cancelled(kind: str, ident: str, ttl_s: float, ids: list[str] | None) -> str:
+    """Ask n8n to stop what a /ui stop covers (after it committed); say what was confirmed."""
+    rt = runtime()
+    if ids is None:
+        result = rt.stops.for_workflow("production", ident)
+    else:
+        result = rt.stops.for_executions("production", ids)
+    rt.stops.record(NS, kind, ident, result, ttl_s)
+    confirmed = sum(1 for e in result.executions if e.confirmed)
+    text = f"n8n: {result.state}, {confirmed}/{len(result.executions)} executions confirmed"
+    return text + (f" ({result.error})" if result.error else "")
 
 
 def _operations(rt: Runtime, principal: Principal) -> list[Any]:
@@ -304,6 +338,8 @@ def index() -> Response:
         operations=_operations(rt, principal),
         counts=_open_counts(rt, principal, now),
         max_open=rt.settings.operations.max_open_per_workflow,
+        running_long=_running_long(rt, principal, now),
+        running_s=int(rt.settings.outliers.running_s),
         message=request.args.get("done"),
     )
     return Response(html, mimetype="text/html")
@@ -341,6 +377,7 @@ def chain(chain_id: str) -> Response:
         csrf=_csrf(),
         chain=info.chain,
         stop=info.stop,
+        cancellation=rt.stops.recorded(NS, "chain", chain_id),
         points=points,
         axis=axis,
         width=width,
@@ -354,10 +391,13 @@ def chain(chain_id: str) -> Response:
 def stop_chain(chain_id: str) -> Response:
     principal = _require_form()
     reason = request.form.get("reason", "").strip()[:500] or "stopped from /ui"
-    runtime().gate.stop_chain(principal, NS, chain_id, reason, stopped=True)
+    rt = runtime()
+    info = rt.gate.stop_chain(principal, NS, chain_id, reason, stopped=True)
+    ids = of_mode(info.chain.executions, "production")
+    said = _cancelled("chain", chain_id, info.chain.expires_at - rt.clock(), ids)
     log_decision("ui.chains.stop", "stopped", reason, chain_id=chain_id)
     return redirect(
-        url_for("ui.index", done=f"chain {chain_id} stopped"),  # type: ignore[return-value]
+        url_for("ui.index", done=f"chain {chain_id} stopped; {said}"),  # type: ignore[return-value]
         code=303,
     )
 
@@ -372,6 +412,9 @@ def stop_workflow() -> Response:
     stopped = request.form.get("action", "stop") != "resume"
     runtime().gate.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
     verb = "stopped" if stopped else "resumed"
+    if stopped:
+        retention = runtime().settings.operations.retention_s
+        verb += "; " + _cancelled("workflow", workflow, retention, None)
     log_decision(f"ui.workflows.{'stop' if stopped else 'resume'}", verb, reason, workflow=workflow)
     return redirect(
         url_for("ui.index", done=f"workflow {workflow} {verb}"),  # type: ignore[return-value]

@@ -41,6 +41,9 @@ from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
+from sidecar.core import executions as n8n_executions
+from sidecar.core.executions import ExecutionMode
+
 #: How many recent activations a chain keeps for its timeline.
 RECENT_ACTIVATIONS = 50
 
@@ -133,6 +136,10 @@ class Chain:
     :ivar expires_at: the chain ends then; a marker of an expired chain counts as none.
     :ivar recent: the last :data:`RECENT_ACTIVATIONS` activations,
         ``{activation_id, at, decision, reason, depth}``.
+    :ivar executions: the n8n executions that acted for the chain (an
+        activation that proceeded, an effect), the most recent
+        :data:`~sidecar.core.executions.REMEMBERED`:
+        ``{execution_id, execution_mode, at}``; a chain stop stops these.
     """
 
     chain_id: str
@@ -145,6 +152,7 @@ class Chain:
     updated_at: float
     expires_at: float
     recent: tuple[dict[str, Any], ...] = ()
+    executions: tuple[dict[str, Any], ...] = ()
 
     def alive(self, now: float) -> bool:
         return now < self.expires_at
@@ -153,13 +161,25 @@ class Chain:
         """The stored document. Shallow: the entries of ``recent`` are shared."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["recent"] = list(self.recent)
+        doc["executions"] = list(self.executions)
         return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any] | None) -> Chain | None:
         if doc is None:
             return None
-        return cls(**{**doc, "recent": tuple(doc.get("recent", ()))})
+        return cls(
+            **{
+                **doc,
+                "recent": tuple(doc.get("recent", ())),
+                "executions": tuple(doc.get("executions", ())),
+            }
+        )
+
+    def with_execution(self, execution_id: str | None, mode: ExecutionMode, now: float) -> Chain:
+        """The chain remembering that ``execution_id`` acted for it (bounded)."""
+        remembered = n8n_executions.remember(self.executions, execution_id, mode, now)
+        return self if remembered is None else replace(self, executions=remembered)
 
 
 @dataclass(frozen=True)
@@ -314,6 +334,8 @@ class ActivationRequest:
     fields: FieldPrints
     markers: tuple[Marker, ...]
     has_subject: bool
+    execution_id: str | None = None
+    execution_mode: ExecutionMode = "production"
 
 
 @dataclass(frozen=True)
@@ -509,6 +531,7 @@ def _proceed(
     subject_times: tuple[float, ...],
 ) -> tuple[ActivationChanges, ActivationOutcome]:
     new_chain = _record(chain, req, now, ActivationDecision.PROCEED, reason, depth)
+    new_chain = new_chain.with_execution(req.execution_id, req.execution_mode, now)
     times = (*subject_times, now) if req.has_subject else subject_times
     changes = ActivationChanges(
         seen=Seen(req.content_fp, now),
@@ -541,6 +564,8 @@ class EffectRequest:
     fields: dict[str, str]
     strict: bool
     ttl_s: float | None
+    execution_id: str | None = None
+    execution_mode: ExecutionMode = "production"
 
 
 def register_effect(
@@ -567,6 +592,7 @@ def register_effect(
             expires_at=now + limits.chain_ttl_s,
         )
     chain = replace(chain, effects=chain.effects + 1, updated_at=now)
+    chain = chain.with_execution(req.execution_id, req.execution_mode, now)
     expires_at = now + req.ttl_s if req.ttl_s is not None else chain.expires_at
     effect = Effect(
         effect_id=req.effect_id,

@@ -13,6 +13,7 @@ from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.config import ChainsConfig
 from sidecar.core import gate as core
+from sidecar.core.executions import ExecutionMode
 from sidecar.core.gate import (
     ActivationOutcome,
     ActivationRequest,
@@ -76,6 +77,8 @@ class ActivationInput:
     content: Any
     event: Any
     marker: str | None
+    execution_id: str | None = None
+    execution_mode: ExecutionMode = "production"
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class EffectInput:
     content: Mapping[str, Any]
     ttl_s: float | None
     strict: bool
+    execution_id: str | None = None
+    execution_mode: ExecutionMode = "production"
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,8 @@ class GateService:
             fields=self.field_prints(content),
             markers=candidates,
             has_subject=subject is not None,
+            execution_id=body.execution_id,
+            execution_mode=body.execution_mode,
         )
         declared = [
             wf_stop_key,
@@ -338,6 +345,8 @@ class GateService:
                 fields=prints,
                 strict=body.strict,
                 ttl_s=body.ttl_s,
+                execution_id=body.execution_id,
+                execution_mode=body.execution_mode,
             )
             new_chain, effect = core.register_effect(chain, req, self.limits(workflow), now)
             plan: Plan[tuple[Chain, Effect]] = Plan((new_chain, effect))

@@ -28,6 +28,10 @@ pattern                         what
 ``<ns>:lineage:<task>:<check>``  pages a task read (cursor check) (JSON)
 ``<ns>:ix:chains``              index: live chains, score = last activity
 ``<ns>:ix:tasks``               index: tasks, score = last activity
+``<ns>:ix:tasks-running``       index: running tasks, score = created_at
+``<ns>:taskwatch:<task_id>``    n8n executions of a task, its outlier mark (JSON)
+``<ns>:totals:<wf>:<measure>``  sums over a workflow's finished tasks (counter)
+``<ns>:cancel:<kind>:<id>``     what the last stop asked n8n and saw (JSON)
 ==============================  ==============================================
 
 ``h(...)`` is a keyed hash (:meth:`Fingerprinter.key_hash`): identities
@@ -127,3 +131,23 @@ def recent_chains(ns: str) -> str:
 
 def recent_tasks(ns: str) -> str:
     return f"{ns}:ix:tasks"
+
+
+def running_tasks(ns: str) -> str:
+    """Index of tasks without an envelope yet, scored by creation time."""
+    return f"{ns}:ix:tasks-running"
+
+
+def task_watch(ns: str, task_id: str) -> str:
+    """The n8n executions that acted for a task, and its outlier mark."""
+    return f"{ns}:taskwatch:{task_id}"
+
+
+def task_totals(ns: str, workflow: str | None, measure: str) -> str:
+    """A sum over the workflow's finished tasks (``tasks``, ``tokens``, ...)."""
+    return f"{ns}:totals:{workflow or ''}:{measure}"
+
+
+def cancellation(ns: str, kind: str, ident: str) -> str:
+    """What the last stop of a ``workflow``, ``chain`` or ``task`` asked n8n and saw."""
+    return f"{ns}:cancel:{kind}:{ident}"

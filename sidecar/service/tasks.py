@@ -31,6 +31,7 @@ from sidecar.errors import Forbidden, NotFound, ValidationFailed
 from sidecar.service import keys
 from sidecar.service.checks import CheckService, check_input, verdict
 from sidecar.service.operations import OperationService
+from sidecar.service.task_watch import TaskWatch
 from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
 
 
@@ -88,6 +89,12 @@ class TaskService:
         self._tool_max_calls = {
             name: t.max_calls for name, t in settings.tools.items() if t.max_calls is not None
         }
+        # Executions that acted for a task, its outlier mark, the running mean (DESIGN §6).
+        self.watch = TaskWatch(
+            settings.outliers,
+            settings.tasks.retention_s,
+            settings.tasks.retention_s + settings.limits.deadline_s,
+        )
 
     # -- helpers -----------------------------------------------------------------
 
@@ -128,6 +135,11 @@ class TaskService:
         out = [keys.workflow_stop(workflow)] if workflow else []
         return out + ([keys.chain_stop(ns, chain_id)] if chain_id else [])
 
+    def _watch_keys(self, ns: str, task_id: str) -> list[str]:
+        """The watch and totals keys of a task seen before by this process (else read lazily)."""
+        scope = self._scopes.get(f"{ns}:{task_id}")
+        return [] if scope is None else self.watch.keys(ns, task_id, scope[0])
+
     def _remember(self, ns: str, task: Task) -> None:
         if len(self._scopes) > 10_000:
             self._scopes.clear()
@@ -156,11 +168,16 @@ class TaskService:
         task: Task,
         now: float,
         before: Task | None = None,
+        execution_id: str | None = None,
+        exceeded: list[Any] | None = None,
     ) -> None:
         """Store the task; its ``task_key`` pointer too when created, ended or resumed
-        (the moments its retention changes)."""
+        (the moments its retention changes); its watch document, running index
+        and workflow totals (:class:`TaskWatch`)."""
         ttl = self._ttl(task, now)
         plan.writes[keys.task(ns, task.task_id)] = Write(task.to_doc(), ttl)
+        mode: keys.ExecutionMode = "test" if ns == "t" else "production"
+        self.watch.plan(plan, snap, ns, before, task, now, ttl, execution_id, mode, exceeded)
         plan.index.append(IndexEntry(keys.recent_tasks(ns), task.task_id, now))
         plan.trims.append(
             (
@@ -187,9 +204,12 @@ class TaskService:
 
     # -- routes ------------------------------------------------------------------
 
-    def create(self, principal: Principal, ns: str, body: CreateInput) -> tuple[Task, bool]:
+    def create(
+        self, principal: Principal, ns: str, body: CreateInput, execution_id: str | None = None
+    ) -> tuple[Task, bool]:
         """Create a task, or return the task already made under ``task_key``.
 
+        :param execution_id: the n8n execution asking (remembered for a task stop).
         :returns: the task and whether it was created now.
         :raises Forbidden, ValidationFailed, StoreUnavailable:
         """
@@ -211,6 +231,7 @@ class TaskService:
             else None
         )
         declared = [keys.task(ns, task_id)] + ([key_key] if key_key else [])
+        declared += self.watch.keys(ns, task_id, body.workflow)
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, bool]]:
             if key_key is not None:
@@ -221,7 +242,7 @@ class TaskService:
                         again = core.reactivate(existing, now)
                         found: Plan[tuple[Task, bool]] = Plan((again, False))
                         if again != existing:
-                            self._write_task(found, snap, ns, again, now, existing)
+                            self._write_task(found, snap, ns, again, now, existing, execution_id)
                         return found
             task = core.new_task(
                 task_id,
@@ -235,7 +256,7 @@ class TaskService:
                 body.initial_revision,
             )
             plan: Plan[tuple[Task, bool]] = Plan((task, True))
-            self._write_task(plan, snap, ns, task, now)
+            self._write_task(plan, snap, ns, task, now, None, execution_id)
             return plan
 
         task, created = self.store.transact(declared, decide)
@@ -253,11 +274,13 @@ class TaskService:
         task_id: str,
         tokens_used: int | None,
         reserve_cost: float | None = None,
+        execution_id: str | None = None,
     ) -> tuple[Task, ModelOutcome]:
         """Reserve a model turn (the model gate calls this too).
 
         :param reserve_cost: the turn's worst-case cost, held until
             :meth:`settle_model_call`.
+        :param execution_id: the n8n execution asking (remembered for a task stop).
         """
         now = self.clock()
         key = keys.task(ns, task_id)
@@ -265,15 +288,25 @@ class TaskService:
         def decide(snap: Snapshot) -> Plan[tuple[Task, ModelOutcome]]:
             task = self._scoped(principal, snap.get(key), task_id)
             self._remember(ns, task)
-            new, out = core.admit_model_call(
-                task, tokens_used, now, self._stopped(snap, ns, task), reserve_cost
-            )
+            exceeded = self.watch.exceeded(snap, ns, task, tokens_used or 0)
+            stopped = self._stopped(snap, ns, task) or self._outlier_stop(exceeded)
+            new, out = core.admit_model_call(task, tokens_used, now, stopped, reserve_cost)
+            if exceeded and out.admitted and self.watch.policy.action == "wrap_up":
+                out = replace(out, wrap_up=True)
             plan: Plan[tuple[Task, ModelOutcome]] = Plan((new, out))
             if new != task:
-                self._write_task(plan, snap, ns, new, now, task)
+                self._write_task(plan, snap, ns, new, now, task, execution_id, exceeded)
             return plan
 
-        return self.store.transact([key], decide)
+        return self.store.transact([key, *self._watch_keys(ns, task_id)], decide)
+
+    def _outlier_stop(self, exceeded: list[Any]) -> core.EndReason | None:
+        """``outliers.action: stop`` ends a flagged task ``stopped``, ``outlier``."""
+        return core.EndReason.OUTLIER if exceeded and self.watch.policy.action == "stop" else None
+
+    def watched(self, ns: str, task_id: str) -> dict[str, Any]:
+        """The task's watch document: ``executions`` that acted for it, ``outlier`` mark."""
+        return dict(self.store.get(keys.task_watch(ns, task_id)) or {})
 
     def namespace_of(self, task_id: str) -> str | None:
         """The namespace holding ``task_id`` (task ids are random, so at most one)."""
@@ -282,20 +315,36 @@ class TaskService:
             return "p"
         return "t" if docs[keys.task("t", task_id)] is not None else None
 
-    def record_tokens(self, principal: Principal, ns: str, task_id: str, tokens: int) -> Task:
-        """Add the tokens a model turn used (reported by the upstream after the turn)."""
+    def record_tokens(
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        tokens: int,
+        execution_id: str | None = None,
+    ) -> Task:
+        """Add the tokens a model turn used (reported by the upstream after the turn).
+
+        A task these tokens make an outlier is flagged (and, with
+        ``outliers.action: stop``, ended ``stopped``, ``outlier``).
+        """
         now = self.clock()
         key = keys.task(ns, task_id)
 
         def decide(snap: Snapshot) -> Plan[Task]:
             task = self._scoped(principal, snap.get(key), task_id)
             new = core.record_tokens(task, tokens, now)
+            exceeded = self.watch.exceeded(snap, ns, new)
+            if self._outlier_stop(exceeded):
+                new = core.end(new, core.EndReason.OUTLIER, now)
             plan: Plan[Task] = Plan(new)
             if new != task:
-                self._write_task(plan, snap, ns, new, now, task)
+                self._write_task(plan, snap, ns, new, now, task, execution_id, exceeded)
             return plan
 
-        return self.store.transact([key, *self._stop_keys(ns, task_id)], decide)
+        return self.store.transact(
+            [key, *self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)], decide
+        )
 
     def settle_model_call(
         self,
@@ -321,9 +370,16 @@ class TaskService:
         return self.store.transact([key, *self._stop_keys(ns, task_id)], decide)
 
     def tool_call(
-        self, principal: Principal, ns: str, task_id: str, body: CallInput
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        body: CallInput,
+        execution_id: str | None = None,
     ) -> tuple[Task, ToolOutcome]:
         """Admit (or deny) a tool call before it executes.
+
+        :param execution_id: the n8n execution asking (remembered for a task stop).
 
         :raises ValidationFailed: a write without ``operation_id``, or a kind
             that contradicts the tool's configuration.
@@ -346,7 +402,7 @@ class TaskService:
         args_prints = self.fp.fingerprints(body.args)
         call_id = body.call_id or "k" + secrets.token_hex(8)
         key = keys.task(ns, task_id)
-        declared = [key, *self._stop_keys(ns, task_id)]
+        declared = [key, *self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)]
 
         def decide(snap: Snapshot) -> Plan[tuple[Task, ToolOutcome]]:
             task = self._scoped(principal, snap.get(key), task_id)
@@ -374,12 +430,12 @@ class TaskService:
                 begin,
                 given_id=body.call_id is not None,
             )
-            new, new_op, out = core.admit_tool_call(
-                task, call, op, self.op_policy, now, self._stopped(snap, ns, task)
-            )
+            exceeded = self.watch.exceeded(snap, ns, task)
+            stopped = self._stopped(snap, ns, task) or self._outlier_stop(exceeded)
+            new, new_op, out = core.admit_tool_call(task, call, op, self.op_policy, now, stopped)
             plan: Plan[tuple[Task, ToolOutcome]] = Plan((new, out))
             if new != task:
-                self._write_task(plan, snap, ns, new, now, task)
+                self._write_task(plan, snap, ns, new, now, task, execution_id, exceeded)
             self._write_op(plan, ns, new_op, op_key)
             return plan
 

@@ -292,6 +292,25 @@ class N8n:
         r.raise_for_status()
         return session
 
+    def create_api_key(
+        self,
+        scopes: tuple[str, ...] = ("execution:list", "execution:read", "execution:stop"),
+        label: str = "loopstop",
+    ) -> str:
+        """An API key of the owner for n8n's public API (``X-N8N-API-KEY``).
+
+        n8n shows the raw key once, in the answer of ``POST /rest/api-keys``
+        (``rawApiKey``); the public API is on unless ``N8N_PUBLIC_API_DISABLED``.
+        """
+        session = self.owner_session()
+        r = session.post(
+            self.base + "/rest/api-keys",
+            json={"label": label, "scopes": list(scopes), "expiresAt": None},
+            timeout=30,
+        )
+        r.raise_for_status()
+        return str(r.json()["data"]["rawApiKey"])
+
     def workflow_exists(self, workflow_id: str) -> bool:
         with sqlite3.connect(self.database) as db:
             row = db.execute(

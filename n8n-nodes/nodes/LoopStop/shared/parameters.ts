@@ -2,11 +2,25 @@ import type { IDataObject, IExecuteFunctions } from 'n8n-workflow';
 import { NodeOperationError } from 'n8n-workflow';
 import type { FlowContext } from './types';
 
-/** `$workflow.id` and `$execution.mode` as the sidecar wants them. */
+/** An execution id as the sidecar accepts it (n8n's are decimal strings). */
+const EXECUTION_ID = /^[A-Za-z0-9_-]{1,64}$/;
+
+/**
+ * `$execution.id`, or `undefined` when n8n gives none the sidecar accepts.
+ * The sidecar remembers which executions acted for a chain or a task, so that
+ * a stop can ask n8n to stop them.
+ */
+export function executionId(ctx: IExecuteFunctions): string | undefined {
+	const id = String(ctx.getExecutionId?.() ?? '');
+	return EXECUTION_ID.test(id) ? id : undefined;
+}
+
+/** `$workflow.id`, `$execution.mode` and `$execution.id` as the sidecar wants them. */
 export function flowContext(ctx: IExecuteFunctions): FlowContext {
 	return {
 		workflow: String(ctx.getWorkflow().id ?? ''),
 		executionMode: ctx.getMode() === 'manual' ? 'test' : 'production',
+		executionId: executionId(ctx),
 	};
 }
 

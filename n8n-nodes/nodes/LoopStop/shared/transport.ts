@@ -1,5 +1,6 @@
 import type { IDataObject, IExecuteFunctions, IHttpRequestOptions, JsonObject } from 'n8n-workflow';
 import { NodeApiError } from 'n8n-workflow';
+import { executionId } from './parameters';
 import type { LoopStopRequest } from './types';
 
 /** How long one call may take: the sidecar answers in milliseconds, a check in seconds. */
@@ -22,6 +23,10 @@ function isObject(value: unknown): value is IDataObject {
  * `title` as the message, `detail` and the first invalid field as the
  * description, the HTTP status as `httpCode`. A network failure (sidecar down,
  * timeout) becomes a `NodeApiError` too; either way nothing was decided.
+ *
+ * Every request body carries `execution_id` (`$execution.id`) beside the
+ * `workflow` and `execution_mode` the operation set, so that a chain or task
+ * stop can reach the executions that acted for it.
  */
 export async function loopStopRequest(
 	this: IExecuteFunctions,
@@ -38,7 +43,10 @@ export async function loopStopRequest(
 		ignoreHttpStatusErrors: true,
 		timeout: REQUEST_TIMEOUT_MS,
 	};
-	if (request.body !== undefined) options.body = request.body;
+	if (request.body !== undefined) {
+		const id = executionId(this);
+		options.body = id === undefined ? request.body : { ...request.body, execution_id: id };
+	}
 	if (request.qs !== undefined) options.qs = request.qs;
 
 	let response: FullResponse;

@@ -14,6 +14,8 @@ export interface FlowContext {
 	workflow: string;
 	/** `test` for a manual execution from the editor, else `production` (`$execution.mode`). */
 	executionMode: 'test' | 'production';
+	/** `$execution.id`; every request body carries it as `execution_id` (the transport adds it). */
+	executionId?: string;
 }
 
 /**

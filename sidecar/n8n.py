@@ -1,0 +1,171 @@
+"""A client of n8n's public REST API: list, read and stop executions (DESIGN §6).
+
+The paths and fields are n8n 2.41.1's (``packages/cli`` public API,
+``ExecutionsPublicController``), authenticated by the ``X-N8N-API-KEY``
+header:
+
+=====================================  ======================  =================
+request                                key scope               answer
+=====================================  ======================  =================
+``GET /executions?workflowId&status``  ``execution:list``      ``{data, nextCursor}``
+``GET /executions/{id}``               ``execution:read``      the execution
+``POST /executions/{id}/stop``         ``execution:stop``      ``{status, ...}``
+=====================================  ======================  =================
+
+An execution carries ``id``, ``workflowId``, ``mode`` (``manual`` from the
+editor; ``trigger``, ``webhook``, ... otherwise), ``status`` (``new``,
+``running``, ``waiting``, ``success``, ``error``, ``crashed``, ``canceled``,
+``unknown``) and ``finished``. A listing is paginated by an opaque
+``cursor``. A stop answers 404 for an execution n8n does not know and 409
+when it cannot be stopped (it ended meanwhile).
+
+This is I/O: it is called outside every store transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+#: How many pages of executions one listing reads at most (250 per page).
+MAX_PAGES = 20
+PAGE_SIZE = 250
+
+
+class N8nError(Exception):
+    """Raised when n8n's API cannot answer the question asked.
+
+    :ivar reason: ``unreachable``, ``timeout``, ``key_refused`` (401/403),
+        ``bad_response`` (any other status, or a body that is not the
+        expected JSON).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What loopstop reads of an n8n execution."""
+
+    execution_id: str
+    workflow_id: str | None
+    mode: str | None
+    status: str | None
+
+    @classmethod
+    def of(cls, doc: Any) -> Execution:
+        if not isinstance(doc, dict) or doc.get("id") is None:
+            raise N8nError("bad_response", "an execution without an id")
+        status = doc.get("status")
+        return cls(
+            execution_id=str(doc["id"]),
+            workflow_id=None if doc.get("workflowId") is None else str(doc["workflowId"]),
+            mode=doc.get("mode") if isinstance(doc.get("mode"), str) else None,
+            status=status if isinstance(status, str) else None,
+        )
+
+
+class N8nClient:
+    """n8n's public API at ``api_url`` (``.../api/v1``) with one API key.
+
+    :param session: a ``requests`` session (no proxy from the environment).
+    :param timeout_s: the bound of every request, connect and read.
+    """
+
+    def __init__(
+        self, api_url: str, api_key: str, session: requests.Session, timeout_s: float
+    ) -> None:
+        self.base = api_url.rstrip("/")
+        self.key = api_key
+        self.session = session
+        self.timeout_s = timeout_s
+
+    def _call(
+        self, method: str, path: str, params: dict[str, Any] | None = None
+    ) -> tuple[int, Any]:
+        """One request: ``(status, JSON body or None)``.
+
+        :raises N8nError: unreachable, timed out, or the key was refused.
+        """
+        try:
+            resp = self.session.request(
+                method,
+                self.base + path,
+                params=params,
+                headers={"X-N8N-API-KEY": self.key, "Accept": "application/json"},
+                timeout=self.timeout_s,
+                allow_redirects=False,
+            )
+        except requests.Timeout as exc:
+            raise N8nError("timeout", f"n8n did not answer within {self.timeout_s} s") from exc
+        except requests.RequestException as exc:
+            raise N8nError("unreachable", f"{type(exc).__name__} at {self.base}") from exc
+        if resp.status_code in (401, 403):
+            raise N8nError(
+                "key_refused",
+                f"n8n answered {resp.status_code} to the API key (check the key and its "
+                "scopes execution:list, execution:read, execution:stop)",
+            )
+        try:
+            body = resp.json() if resp.content else None
+        except ValueError:
+            body = None
+        return resp.status_code, body
+
+    def ping(self) -> None:
+        """Check the API answers and accepts the key (a one-item listing).
+
+        :raises N8nError: when it does not.
+        """
+        status, _ = self._call("GET", "/executions", {"limit": 1})
+        if status != 200:
+            raise N8nError("bad_response", f"n8n answered {status} to a listing")
+
+    def list_executions(self, workflow_id: str, status: str) -> list[Execution]:
+        """The workflow's executions with ``status`` (every page, up to :data:`MAX_PAGES`).
+
+        :raises N8nError: unreachable, key refused, or a bad answer.
+        """
+        out: list[Execution] = []
+        params: dict[str, Any] = {"workflowId": workflow_id, "status": status, "limit": PAGE_SIZE}
+        for _ in range(MAX_PAGES):
+            code, body = self._call("GET", "/executions", params)
+            if code != 200 or not isinstance(body, dict) or not isinstance(body.get("data"), list):
+                raise N8nError("bad_response", f"n8n answered {code} to a listing")
+            out += [Execution.of(d) for d in body["data"]]
+            cursor = body.get("nextCursor")
+            if not cursor or not body["data"]:
+                break
+            params = {**params, "cursor": cursor}
+        return out
+
+    def get(self, execution_id: str) -> Execution | None:
+        """The execution, or None when n8n does not know it (404).
+
+        :raises N8nError: unreachable, key refused, or a bad answer.
+        """
+        code, body = self._call("GET", f"/executions/{quote(execution_id, safe='')}")
+        if code == 404:
+            return None
+        if code != 200:
+            raise N8nError("bad_response", f"n8n answered {code} reading execution {execution_id}")
+        return Execution.of(body)
+
+    def stop(self, execution_id: str) -> tuple[int, str | None]:
+        """Ask n8n to stop one execution.
+
+        :returns: n8n's HTTP status (200 stopped, 404 unknown, 409 not
+            stoppable: it ended meanwhile) and the status it answered, if any.
+        :raises N8nError: unreachable, key refused, or an unexpected status.
+        """
+        code, body = self._call("POST", f"/executions/{quote(execution_id, safe='')}/stop")
+        if code not in (200, 404, 409):
+            raise N8nError("bad_response", f"n8n answered {code} stopping {execution_id}")
+        status = body.get("status") if isinstance(body, dict) else None
+        return code, status if isinstance(status, str) else None

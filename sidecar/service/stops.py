@@ -1,0 +1,253 @@
+"""Stops that reach n8n (DESIGN §6): ask n8n to stop executions, confirm, record.
+
+A loopstop stop (workflow, chain, task) is committed first; only then does
+this service ask n8n, outside every store transaction: it reads each
+execution's status, asks n8n to stop the ones still going, polls until n8n
+reports each finished or ``confirm_s`` passes, and records what it saw in
+a document of its own (``<ns>:cancel:<kind>:<id>``), which the stop's
+answer, its ``GET`` and ``/ui`` show. n8n unreachable or refusing the key
+changes nothing in loopstop: the stop holds, and the record says
+cancellation failed and why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from sidecar import metrics
+from sidecar.config import N8nConfig
+from sidecar.core import executions as core
+from sidecar.core.executions import CancellationState, ExecutionMode, ExecutionResult
+from sidecar.n8n import Execution, N8nClient, N8nError
+from sidecar.service import keys
+from sidecar.store import Plan, Snapshot, Store, Write
+
+#: Statuses a workflow stop lists (n8n parks an execution in a long Wait as ``waiting``).
+LISTED_STATUSES = ("running", "waiting")
+#: Seconds between two polls of the executions still going (doubling up to the cap).
+POLL_FIRST_S = 0.1
+POLL_MAX_S = 1.0
+#: ``/readyz`` asks n8n at most this often per process, each time within this bound,
+#: so that a probe stays fast while n8n hangs.
+READY_CACHE_S = 10.0
+READY_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What asking n8n achieved for one loopstop stop.
+
+    :ivar state: see :class:`~sidecar.core.executions.CancellationState`.
+    :ivar error: why n8n could not be asked (``unreachable: ...``,
+        ``key_refused: ...``), None when it could.
+    """
+
+    state: CancellationState
+    at: float
+    execution_mode: ExecutionMode
+    executions: tuple[ExecutionResult, ...] = ()
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "state": str(self.state),
+            "at": self.at,
+            "execution_mode": self.execution_mode,
+            "error": self.error,
+            "elapsed_s": self.elapsed_s,
+            "executions": [r.to_doc() for r in self.executions],
+        }
+
+    @staticmethod
+    def from_doc(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """A stored record as the API shows it (the document itself)."""
+        return None if doc is None else dict(doc)
+
+
+@dataclass
+class _Tracked:
+    execution_id: str
+    before: str | None
+    after: str | None = None
+    found: bool = True
+    error: str | None = None
+    done: bool = field(default=False)
+
+
+class StopService:
+    """Cancels n8n executions for loopstop stops; records what was confirmed.
+
+    :param config: the ``n8n`` section (None: stops stay loopstop's own).
+    :param clock: epoch seconds, for the record's ``at``.
+    :param sleep: waits between polls (tests keep the real one: n8n is real).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: N8nConfig | None,
+        environ: Mapping[str, str],
+        session: requests.Session,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.sleep = sleep
+        self.monotonic = monotonic
+        self.client: N8nClient | None = None
+        self._probe: N8nClient | None = None
+        self._ready: tuple[float, dict[str, Any]] | None = None
+        if config is not None:
+            key = environ.get(config.api_key_env, "")
+            self.client = N8nClient(config.api_url, key, session, config.timeout_s)
+            probe_s = min(config.timeout_s, READY_TIMEOUT_S)
+            self._probe = N8nClient(config.api_url, key, session, probe_s)
+
+    # -- readiness -----------------------------------------------------------------
+
+    def ready(self) -> dict[str, Any]:
+        """Whether n8n's API answers, for ``/readyz`` (a warning, never "not ready").
+
+        Asked at most every :data:`READY_CACHE_S` seconds, within
+        :data:`READY_TIMEOUT_S`: the answer may be that old.
+        """
+        if self._probe is None:
+            return {"configured": False}
+        now = self.monotonic()
+        if self._ready is not None and now - self._ready[0] < READY_CACHE_S:
+            return self._ready[1]
+        facts: dict[str, Any] = {"configured": True, "reachable": True}
+        try:
+            self._probe.ping()
+        except N8nError as exc:
+            facts = {"configured": True, "reachable": False, "warning": str(exc)}
+        self._ready = (now, facts)
+        return facts
+
+    # -- stops ---------------------------------------------------------------------
+
+    def for_workflow(self, mode: ExecutionMode, workflow: str) -> Cancellation:
+        """Stop the workflow's ``running`` and ``waiting`` executions of ``mode``."""
+        now = self.clock()
+        if self.client is None:
+            return Cancellation(CancellationState.NOT_CONFIGURED, now, mode)
+        started = self.monotonic()
+        found: dict[str, Execution] = {}
+        try:
+            for status in LISTED_STATUSES:
+                for ex in self.client.list_executions(workflow, status):
+                    if ex.workflow_id in (None, workflow) and core.mode_of_n8n(ex.mode) == mode:
+                        found.setdefault(ex.execution_id, ex)
+        except N8nError as exc:
+            return Cancellation(CancellationState.FAILED, now, mode, error=str(exc))
+        tracked = [_Tracked(e.execution_id, e.status) for e in found.values()]
+        return self._stop_all(mode, now, started, tracked, known=True)
+
+    def for_executions(self, mode: ExecutionMode, execution_ids: Sequence[str]) -> Cancellation:
+        """Stop the given executions (those remembered on a chain or a task)."""
+        now = self.clock()
+        ids = list(dict.fromkeys(execution_ids))
+        if self.client is None:
+            results = tuple(core.judge(i, None, None) for i in ids)
+            return Cancellation(CancellationState.NOT_CONFIGURED, now, mode, results)
+        started = self.monotonic()
+        return self._stop_all(mode, now, started, [_Tracked(i, None) for i in ids], known=False)
+
+    def _stop_all(
+        self,
+        mode: ExecutionMode,
+        now: float,
+        started: float,
+        tracked: list[_Tracked],
+        known: bool,
+    ) -> Cancellation:
+        assert self.client is not None and self.config is not None
+        client = self.client
+        failure: str | None = None
+        # Asking is bounded too (a slow n8n times many executions): past confirm_s plus
+        # one request's timeout, the rest are left unconfirmed, never claimed stopped.
+        ask_until = started + self.config.confirm_s + self.config.timeout_s
+        try:
+            for t in tracked:
+                if self.monotonic() > ask_until:
+                    t.error, t.done = "not asked: n8n.confirm_s passed", True
+                    continue
+                if not known:
+                    ex = client.get(t.execution_id)
+                    if ex is None:
+                        t.found, t.done = False, True
+                        continue
+                    t.before = ex.status
+                if t.before in core.FINISHED:
+                    t.after, t.done = t.before, True
+                    continue
+                code, answered = client.stop(t.execution_id)
+                if code == 404:
+                    t.found, t.done = False, True
+                elif answered in core.FINISHED:
+                    t.after, t.done = answered, True
+            self._confirm(client, [t for t in tracked if not t.done], started)
+        except N8nError as exc:
+            failure = str(exc)
+            for t in tracked:
+                if not t.done:
+                    t.error = failure
+        results = tuple(
+            core.judge(t.execution_id, t.before, t.after, t.found, t.error) for t in tracked
+        )
+        return Cancellation(
+            core.summarize(results, failure),
+            now,
+            mode,
+            results,
+            failure,
+            round(self.monotonic() - started, 3),
+        )
+
+    def _confirm(self, client: N8nClient, pending: list[_Tracked], started: float) -> None:
+        """Poll until each execution reports a finished status or ``confirm_s`` passes."""
+        assert self.config is not None
+        deadline = started + self.config.confirm_s
+        wait = POLL_FIRST_S
+        while pending:
+            for t in list(pending):
+                ex = client.get(t.execution_id)
+                if ex is None:
+                    t.found, t.done = False, True
+                else:
+                    t.after = ex.status
+                    t.done = ex.status in core.FINISHED
+                if t.done:
+                    pending.remove(t)
+            if not pending or self.monotonic() + wait > deadline:
+                return
+            self.sleep(wait)
+            wait = min(POLL_MAX_S, wait * 2)
+
+    # -- records -------------------------------------------------------------------
+
+    def record(self, ns: str, kind: str, ident: str, result: Cancellation, ttl_s: float) -> None:
+        """Keep what the last cancellation of a stop confirmed (its own transaction)."""
+        key = keys.cancellation(ns, kind, ident)
+        metrics.N8N_CANCELLATIONS.labels(kind, str(result.state)).inc()
+        for r in result.executions:
+            metrics.N8N_EXECUTIONS.labels(str(r.result)).inc()
+
+        def decide(snap: Snapshot) -> Plan[None]:
+            snap.get(key)
+            return Plan(None, {key: Write(result.to_doc(), max(1.0, ttl_s))})
+
+        self.store.transact([key], decide)
+
+    def recorded(self, ns: str, kind: str, ident: str) -> dict[str, Any] | None:
+        """The last recorded cancellation of a stop, if any."""
+        return Cancellation.from_doc(self.store.get(keys.cancellation(ns, kind, ident)))

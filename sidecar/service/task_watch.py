@@ -1,0 +1,167 @@
+"""What the task guard keeps beside a task for stops and runaway detection (DESIGN §6).
+
+Three things, each written inside the task's own transaction:
+
+- the task's *watch* document (``<ns>:taskwatch:<task_id>``, expiring with
+  the task): the n8n executions that acted for it (a task stop stops them)
+  and its outlier mark once flagged;
+- the workflow's totals over finished tasks (``<ns>:totals:<wf>:<measure>``),
+  incremented by the transaction that ends a task, so every worker and every
+  instance computes the same running mean (:mod:`sidecar.core.outliers`);
+- the index of running tasks, scored by creation time, so that tasks running
+  longer than ``outliers.running_s`` are listed and counted without a scan.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sidecar import metrics
+from sidecar.config import OutliersConfig
+from sidecar.core import executions as n8n_executions
+from sidecar.core import outliers
+from sidecar.core.executions import ExecutionMode
+from sidecar.core.outliers import OutlierAction, OutlierPolicy, Totals
+from sidecar.core.tasks import Task
+from sidecar.service import keys
+from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Write
+
+log = logging.getLogger("loopstop.decisions")
+
+TOTALS = ("tasks", *outliers.MEASURES)
+
+
+def policy_of(config: OutliersConfig) -> OutlierPolicy:
+    """The core's policy from the ``outliers`` section."""
+    return OutlierPolicy(
+        factor=config.factor,
+        min_tasks=config.min_tasks,
+        running_s=config.running_s,
+        action=OutlierAction(config.action),
+    )
+
+
+class TaskWatch:
+    """Reads and plans the task's watch document, the totals and the running index.
+
+    :param retention_s: how long a finished workflow's totals are kept after
+        the last task ended (the tasks' retention).
+    """
+
+    def __init__(self, config: OutliersConfig, retention_s: float, horizon_s: float) -> None:
+        self.policy = policy_of(config)
+        self.retention_s = retention_s
+        self.horizon_s = horizon_s
+
+    @staticmethod
+    def keys(ns: str, task_id: str, workflow: str | None) -> list[str]:
+        """The keys a decision on the task reads (declare them up front when known)."""
+        return [keys.task_watch(ns, task_id)] + [keys.task_totals(ns, workflow, m) for m in TOTALS]
+
+    @staticmethod
+    def doc(snap: Snapshot, ns: str, task_id: str) -> dict[str, Any]:
+        return dict(snap.get(keys.task_watch(ns, task_id)) or {})
+
+    @staticmethod
+    def totals(snap: Snapshot, ns: str, workflow: str | None) -> Totals:
+        """The workflow's totals as read (:meth:`plan` leaves them out of the
+        compare-and-set: only increments change them, and a mean one task
+        older decides the same)."""
+        values = {}
+        for measure in TOTALS:
+            doc = snap.get(keys.task_totals(ns, workflow, measure))
+            values[measure] = int(doc.get("n", 0)) if doc else 0
+        return Totals(**values)
+
+    def exceeded(
+        self, snap: Snapshot, ns: str, task: Task, extra_tokens: int = 0
+    ) -> list[outliers.Exceeded]:
+        """The measures on which the running ``task`` (plus ``extra_tokens``) is an outlier."""
+        if task.envelope is not None:
+            return []
+        used = {
+            "tokens": task.used.tokens + max(0, extra_tokens),
+            "model_calls": task.used.model_calls,
+            "tool_calls": task.used.tool_calls,
+        }
+        return outliers.judge(self.totals(snap, ns, task.workflow), used, self.policy)
+
+    def plan(
+        self,
+        plan: Plan[Any],
+        snap: Snapshot,
+        ns: str,
+        before: Task | None,
+        task: Task,
+        now: float,
+        ttl_s: float,
+        execution_id: str | None = None,
+        execution_mode: ExecutionMode = "production",
+        exceeded: list[outliers.Exceeded] | None = None,
+    ) -> None:
+        """Add to ``plan``: the execution remembered, the outlier mark (once), the
+        running index, and the totals when ``task`` has just ended."""
+        watch_key = keys.task_watch(ns, task.task_id)
+        for measure in TOTALS:
+            key = keys.task_totals(ns, task.workflow, measure)
+            if snap.has_read(key):
+                plan.unchecked.add(key)
+        # Read the watch document only when something may change in it (or it was
+        # declared up front): a result or a completion costs no extra round trip.
+        needed = execution_id is not None or bool(exceeded) or snap.has_read(watch_key)
+        doc = self.doc(snap, ns, task.task_id) if needed else {}
+        changed = False
+        remembered = n8n_executions.remember(
+            doc.get("executions", []), execution_id, execution_mode, now
+        )
+        if remembered is not None:
+            doc["executions"] = list(remembered)
+            changed = True
+        if exceeded and not doc.get("outlier"):
+            mark = {
+                "at": now,
+                "action": str(self.policy.action),
+                "factor": self.policy.factor,
+                "exceeded": [e.to_doc() for e in exceeded],
+            }
+            doc["outlier"] = mark
+            changed = True
+            plan.on_commit.append(lambda: _flagged(task, mark))
+        ended_now = task.envelope is not None and (before is None or before.envelope is None)
+        if changed or (ended_now and doc):
+            plan.writes[watch_key] = Write(doc, ttl_s)
+        if task.envelope is None:
+            if before is None or before.envelope is not None:
+                plan.index.append(IndexEntry(keys.running_tasks(ns), task.task_id, task.created_at))
+        elif ended_now:
+            plan.index.append(IndexEntry(keys.running_tasks(ns), task.task_id, None))
+            used = task.envelope.used
+            for measure, delta in outliers.contribution(used).items():
+                plan.increments[keys.task_totals(ns, task.workflow, measure)] = Increment(
+                    "n", delta, self.retention_s
+                )
+        plan.trims.append((keys.running_tasks(ns), now - self.horizon_s))
+
+
+def _flagged(task: Task, mark: Mapping[str, Any]) -> None:
+    """The decision-log line and the counter of a task flagged as an outlier."""
+    measures = [e["measure"] for e in mark["exceeded"]]
+    for measure in measures:
+        metrics.TASK_OUTLIERS.labels(measure, mark["action"]).inc()
+    if log.isEnabledFor(logging.INFO):
+        line = {
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "event": "decision",
+            "route": "tasks.outlier",
+            "decision": "flagged",
+            "reason": "outlier",
+            "task_id": task.task_id,
+            "workflow": task.workflow,
+            "action": mark["action"],
+            "exceeded": mark["exceeded"],
+        }
+        log.info(json.dumps(line, separators=(",", ":"), default=str))

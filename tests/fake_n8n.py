@@ -1,0 +1,176 @@
+"""A real local HTTP server that answers like n8n 2.41.1's public API for executions.
+
+Only what loopstop calls: ``GET /api/v1/executions?workflowId&status&limit&cursor``
+(paginated with an opaque ``nextCursor``), ``GET /api/v1/executions/{id}`` and
+``POST /api/v1/executions/{id}/stop`` (200 with the execution's status, 404
+unknown, 409 not stoppable), behind ``X-N8N-API-KEY`` (401 otherwise), as
+``ExecutionsPublicController`` does. Each execution's reaction to a stop is
+set per test: ``cancel`` (n8n cancels it, reported after ``polls`` reads),
+``ignore`` (it keeps running: nothing can confirm it), ``finish`` (it ended
+by itself just before the stop arrived: 409, status ``success``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+STOPPABLE = ("new", "unknown", "waiting", "running")
+
+
+@dataclass
+class FakeExecution:
+    id: str
+    workflow_id: str
+    mode: str = "webhook"
+    status: str = "waiting"
+    on_stop: str = "cancel"  # cancel | ignore | finish
+    polls: int = 0  # reads after the stop before "canceled" shows
+    stop_asked: bool = False
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "workflowId": self.workflow_id,
+            "mode": self.mode,
+            "status": self.status,
+            "finished": self.status == "success",
+            "retryOf": None,
+            "startedAt": "2026-12-01T10:00:00.000Z",
+            "stoppedAt": None,
+            "waitTill": None,
+        }
+
+
+@dataclass
+class FakeN8n:
+    """The server's state; ``calls`` records every request as ``(method, path)``."""
+
+    key: str = "n8n-api-key-0123456789"
+    page_size: int = 2
+    delay_s: float = 0.0  # every answer comes this late
+    executions: dict[str, FakeExecution] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, *items: FakeExecution) -> None:
+        for item in items:
+            self.executions[item.id] = item
+
+    def stops(self) -> list[str]:
+        """Execution ids a stop was asked for, in order."""
+        return [p.split("/")[-2] for m, p in self.calls if m == "POST" and p.endswith("/stop")]
+
+
+def _handler(state: FakeN8n) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _auth(self) -> bool:
+            if state.delay_s:
+                time.sleep(state.delay_s)
+            if self.headers.get("X-N8N-API-KEY") != state.key:
+                self._send(401, {"message": "unauthorized"})
+                return False
+            return True
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            with state.lock:
+                state.calls.append(("GET", url.path))
+            if not self._auth():
+                return
+            parts = url.path.strip("/").split("/")
+            if parts[:3] != ["api", "v1", "executions"]:
+                self._send(404, {"message": "not found"})
+                return
+            with state.lock:
+                if len(parts) == 3:
+                    q = {k: v[0] for k, v in parse_qs(url.query).items()}
+                    rows = [
+                        e
+                        for e in sorted(state.executions.values(), key=lambda e: int(e.id))
+                        if ("workflowId" not in q or e.workflow_id == q["workflowId"])
+                        and ("status" not in q or e.status == q["status"])
+                    ]
+                    start = int(q.get("cursor", "0"))
+                    limit = min(int(q.get("limit", "100")), state.page_size)
+                    page = rows[start : start + limit]
+                    more = start + limit < len(rows)
+                    self._send(
+                        200,
+                        {
+                            "data": [e.doc() for e in page],
+                            "nextCursor": str(start + limit) if more else None,
+                        },
+                    )
+                    return
+                ex = state.executions.get(parts[3])
+                if ex is None:
+                    self._send(404, {"message": "Not Found"})
+                    return
+                if ex.stop_asked and ex.on_stop == "cancel" and ex.status in STOPPABLE:
+                    if ex.polls <= 0:
+                        ex.status = "canceled"
+                    ex.polls -= 1
+                self._send(200, ex.doc())
+
+        def do_POST(self) -> None:
+            url = urlsplit(self.path)
+            with state.lock:
+                state.calls.append(("POST", url.path))
+            if not self._auth():
+                return
+            parts = url.path.strip("/").split("/")
+            if parts[:3] != ["api", "v1", "executions"] or len(parts) != 5 or parts[4] != "stop":
+                self._send(404, {"message": "not found"})
+                return
+            with state.lock:
+                ex = state.executions.get(parts[3])
+                if ex is None:
+                    self._send(404, {"message": f"Could not find execution {parts[3]}"})
+                    return
+                if ex.on_stop == "finish" and not ex.stop_asked:
+                    ex.status = "success"
+                ex.stop_asked = True
+                if ex.status not in STOPPABLE:
+                    self._send(409, {"message": f"{ex.id} is currently {ex.status}"})
+                    return
+                if ex.on_stop == "cancel" and ex.polls <= 0:
+                    ex.status = "canceled"
+                self._send(200, {"mode": ex.mode, "status": ex.status, "finished": False})
+
+    return Handler
+
+
+class FakeN8nServer:
+    """Serves :class:`FakeN8n` on a free loopback port until :meth:`stop`."""
+
+    def __init__(self, state: FakeN8n | None = None) -> None:
+        self.state = state or FakeN8n()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.state))
+        self.port = self.server.server_address[1]
+        self.api_url = f"http://127.0.0.1:{self.port}/api/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> FakeN8nServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,368 @@
+"""Stops reach n8n (DESIGN §6), through the app on every store, against a real local
+HTTP server that answers like n8n's public API (tests/fake_n8n.py).
+
+Every answer lists each execution with what n8n reported before and after;
+an execution is confirmed only when n8n reported it finished, and the
+loopstop stop holds whatever n8n does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fake_n8n import FakeExecution, FakeN8n, FakeN8nServer
+from flask import Flask
+
+from conftest import ADMIN_TOKEN, Api, AppFactory, free_port
+
+KEY = "n8n-api-key-0123456789"
+
+
+@pytest.fixture
+def n8n() -> Iterator[FakeN8nServer]:
+    server = FakeN8nServer(FakeN8n(key=KEY)).start()
+    yield server
+    server.stop()
+
+
+def build(
+    make_app: AppFactory, api_url: str, key: str = KEY, confirm_s: float = 5, **sections: Any
+) -> Flask:
+    return make_app(
+        environ={"N8N_API_KEY": key},
+        n8n={"api_url": api_url, "timeout_s": 2, "confirm_s": confirm_s},
+        **sections,
+    )
+
+
+def admin(app: Flask) -> Api:
+    return Api(app.test_client(), ADMIN_TOKEN)
+
+
+def by_id(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["execution_id"]: e for e in answer["cancellation"]["executions"]}
+
+
+def activation(api: Api, workflow: str, key: str, execution_id: str, **kw: Any) -> dict[str, Any]:
+    status, out = api.post(
+        "/v1/activations",
+        {"workflow": workflow, "event_key": key, "execution_id": execution_id, **kw},
+    )
+    assert status == 200, out
+    return dict(out)
+
+
+def test_workflow_stop_cancels_running_and_waiting_executions_of_its_mode(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(
+        FakeExecution("1", "wf-a", status="waiting"),
+        FakeExecution("2", "wf-a", status="waiting"),
+        FakeExecution("3", "wf-a", mode="trigger", status="running"),
+        FakeExecution("4", "wf-a", mode="manual", status="waiting"),  # an editor test run
+        FakeExecution("5", "wf-b", status="waiting"),  # another workflow
+        FakeExecution("6", "wf-a", status="success"),  # already over: not listed
+    )
+    api = admin(build(make_app, n8n.api_url))
+    status, out = api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})
+    assert status == 200, out
+    assert out["stopped"]["reason"] == "runaway"
+    assert out["cancellation"]["state"] == "confirmed"
+    assert out["cancellation"]["error"] is None
+    got = by_id(out)
+    assert set(got) == {"1", "2", "3"}  # paginated listing (2 per page) read to the end
+    assert got["1"] == {
+        "execution_id": "1",
+        "status_before": "waiting",
+        "status_after": "canceled",
+        "confirmed": True,
+        "result": "stopped",
+        "error": None,
+    }
+    assert got["3"]["status_before"] == "running"
+    assert sorted(n8n.state.stops()) == ["1", "2", "3"]
+    assert n8n.state.executions["4"].status == "waiting"  # test mode is not production's
+    assert n8n.state.executions["5"].status == "waiting"
+    # The GET of the workflow shows what was confirmed; the loopstop stop holds.
+    status, seen = api.get("/v1/workflows/wf-a")
+    assert status == 200 and seen["cancellation"] == out["cancellation"]
+    assert activation(api, "wf-a", "row:1", "7")["reason"] == "stopped"
+
+
+def test_a_test_mode_workflow_stop_cancels_only_editor_runs(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(
+        FakeExecution("1", "wf-a", mode="webhook", status="waiting"),
+        FakeExecution("2", "wf-a", mode="manual", status="waiting"),
+    )
+    api = admin(build(make_app, n8n.api_url))
+    status, out = api.post(
+        "/v1/workflows/wf-a/stop", {"reason": "editor loop", "execution_mode": "test"}
+    )
+    assert status == 200, out
+    assert set(by_id(out)) == {"2"}
+    assert out["cancellation"]["execution_mode"] == "test"
+    assert n8n.state.executions["1"].status == "waiting"
+    # Each mode keeps its own record of what it asked n8n.
+    assert api.get("/v1/workflows/wf-a")[1]["cancellation"] is None
+    assert (
+        api.get("/v1/workflows/wf-a", execution_mode="test")[1]["cancellation"]
+        == (out["cancellation"])
+    )
+
+
+def test_chain_stop_cancels_only_the_executions_that_acted_for_it(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(
+        FakeExecution("11", "wf-a"),
+        FakeExecution("12", "wf-a"),
+        FakeExecution("21", "wf-a"),
+    )
+    api = admin(build(make_app, n8n.api_url))
+    first = activation(api, "wf-a", "row:1", "11")
+    other = activation(api, "wf-a", "row:2", "21")
+    # A second execution acts for the first chain through an effect.
+    status, eff = api.post(
+        "/v1/effects",
+        {
+            "chain_id": first["chain_id"],
+            "target_key": "row:9",
+            "content": {"a": 1},
+            "execution_id": "12",
+        },
+    )
+    assert status == 200, eff
+    status, chain = api.get(f"/v1/chains/{first['chain_id']}")
+    assert [e["execution_id"] for e in chain["chain"]["executions"]] == ["11", "12"]
+    assert chain["chain"]["executions"][0]["execution_mode"] == "production"
+
+    status, out = api.post(f"/v1/chains/{first['chain_id']}/stop", {"reason": "loop"})
+    assert status == 200, out
+    assert out["cancellation"]["state"] == "confirmed"
+    assert set(by_id(out)) == {"11", "12"}
+    assert all(e["confirmed"] and e["result"] == "stopped" for e in by_id(out).values())
+    assert n8n.state.executions["21"].status == "waiting"  # the other chain keeps waiting
+    assert "21" not in n8n.state.stops()
+    assert api.get(f"/v1/chains/{first['chain_id']}")[1]["cancellation"] == out["cancellation"]
+    assert api.get(f"/v1/chains/{other['chain_id']}")[1]["cancellation"] is None
+
+
+def test_chain_executions_are_bounded_to_the_last_fifty(make_app: AppFactory) -> None:
+    api = admin(make_app())
+    first = activation(api, "wf-a", "row:1", "1")
+    for i in range(2, 60):
+        status, _ = api.post(
+            "/v1/effects",
+            {
+                "chain_id": first["chain_id"],
+                "target_key": f"row:{i}",
+                "content": {"a": i},
+                "execution_id": str(i),
+            },
+        )
+        assert status == 200
+    listed = api.get(f"/v1/chains/{first['chain_id']}")[1]["chain"]["executions"]
+    assert [e["execution_id"] for e in listed] == [str(i) for i in range(10, 60)]
+
+
+def test_task_stop_cancels_the_executions_of_the_task(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(FakeExecution("31", "wf-a", status="running"), FakeExecution("32", "wf-a"))
+    api = admin(build(make_app, n8n.api_url))
+    status, task = api.post("/v1/tasks", {"workflow": "wf-a", "execution_id": "31"})
+    assert status == 201, task
+    tid = task["task"]["task_id"]
+    status, _ = api.post(f"/v1/tasks/{tid}/model-calls", {"execution_id": "32"})
+    status, out = api.post(f"/v1/tasks/{tid}/stop", {"reason": "operator"})
+    assert status == 200, out
+    assert out["envelope"]["reason"] == "operator_stop"
+    assert out["cancellation"]["state"] == "confirmed"
+    assert {k: v["status_before"] for k, v in by_id(out).items()} == {
+        "31": "running",
+        "32": "waiting",
+    }
+    assert api.get(f"/v1/tasks/{tid}")[1]["cancellation"] == out["cancellation"]
+
+
+def test_unreachable_n8n_fails_the_cancellation_and_the_stop_holds(make_app: AppFactory) -> None:
+    api = admin(build(make_app, f"http://127.0.0.1:{free_port()}/api/v1"))
+    status, out = api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})
+    assert status == 200, out
+    assert out["stopped"] is not None
+    assert out["cancellation"]["state"] == "failed"
+    assert out["cancellation"]["error"].startswith("unreachable")
+    assert activation(api, "wf-a", "row:1", "1")["reason"] == "stopped"
+    # /readyz stays ready and warns.
+    status, ready = api.get("/readyz")
+    assert status == 200 and ready["status"] == "ready"
+    assert ready["n8n"]["reachable"] is False and "unreachable" in ready["n8n"]["warning"]
+
+
+def test_a_refused_key_fails_the_cancellation_and_the_stop_holds(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(FakeExecution("1", "wf-a"))
+    api = admin(build(make_app, n8n.api_url, key="wrong-key-0123456789"))
+    first = activation(api, "wf-a", "row:1", "1")
+    status, out = api.post(f"/v1/chains/{first['chain_id']}/stop", {"reason": "loop"})
+    assert status == 200, out
+    assert out["chain"]["stopped"] is not None
+    assert out["cancellation"]["state"] == "failed"
+    assert out["cancellation"]["error"].startswith("key_refused")
+    only = by_id(out)["1"]
+    assert only["confirmed"] is False and only["result"] == "unconfirmed"
+    assert n8n.state.executions["1"].status == "waiting"
+    assert api.get("/readyz")[1]["n8n"]["reachable"] is False
+
+
+def test_an_execution_that_finished_by_itself_is_reported_so(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(
+        FakeExecution("1", "wf-a", status="running", on_stop="finish"),
+        FakeExecution("2", "wf-a", status="waiting"),
+    )
+    api = admin(build(make_app, n8n.api_url))
+    status, out = api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})
+    assert status == 200, out
+    got = by_id(out)
+    assert got["1"]["status_before"] == "running"
+    assert got["1"]["status_after"] == "success"
+    assert got["1"]["result"] == "finished" and got["1"]["confirmed"] is True
+    assert got["2"]["result"] == "stopped"
+    assert out["cancellation"]["state"] == "confirmed"
+
+
+def test_an_execution_n8n_does_not_end_is_unconfirmed_never_stopped(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(
+        FakeExecution("1", "wf-a", status="running", on_stop="ignore"),
+        FakeExecution("2", "wf-a", status="running", polls=2),  # canceled after two reads
+    )
+    api = admin(build(make_app, n8n.api_url, confirm_s=1))
+    status, out = api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})
+    assert status == 200, out
+    got = by_id(out)
+    assert got["1"] == {
+        "execution_id": "1",
+        "status_before": "running",
+        "status_after": "running",
+        "confirmed": False,
+        "result": "unconfirmed",
+        "error": None,
+    }
+    assert got["2"]["confirmed"] is True and got["2"]["status_after"] == "canceled"
+    assert out["cancellation"]["state"] == "partial"
+    assert 0.5 <= out["cancellation"]["elapsed_s"] < 3
+
+
+def test_a_repeated_stop_is_idempotent_and_checks_again(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(FakeExecution("1", "wf-a"))
+    api = admin(build(make_app, n8n.api_url))
+    first = activation(api, "wf-a", "row:1", "1")
+    path = f"/v1/chains/{first['chain_id']}/stop"
+    one = api.post(path, {"reason": "loop"})[1]
+    two = api.post(path, {"reason": "again"})[1]
+    assert two["chain"]["stopped"] == one["chain"]["stopped"]  # the first stop stands
+    assert by_id(one)["1"]["result"] == "stopped"
+    assert by_id(two)["1"] == {
+        "execution_id": "1",
+        "status_before": "canceled",
+        "status_after": "canceled",
+        "confirmed": True,
+        "result": "already_finished",
+        "error": None,
+    }
+    assert n8n.state.stops() == ["1"]  # asked once; the second stop only looked
+    # A workflow stop repeated lists again and finds nothing left.
+    api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})
+    again = api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})[1]
+    assert again["cancellation"]["state"] == "nothing_to_stop"
+
+
+def test_a_slow_n8n_bounds_how_long_a_stop_asks(make_app: AppFactory, n8n: FakeN8nServer) -> None:
+    """Past confirm_s plus one request's timeout, the executions left are not asked
+    and stay unconfirmed: the answer comes back in bounded time."""
+    n8n.state.add(*(FakeExecution(str(i), "wf-a") for i in range(1, 6)))
+    n8n.state.delay_s = 0.2
+    app = make_app(
+        environ={"N8N_API_KEY": KEY},
+        n8n={"api_url": n8n.api_url, "timeout_s": 0.5, "confirm_s": 0.2},
+    )
+    api = admin(app)
+    chain = activation(api, "wf-a", "row:1", "1")["chain_id"]
+    for i in range(2, 6):
+        api.post(
+            "/v1/effects",
+            {"chain_id": chain, "target_key": f"t{i}", "content": {}, "execution_id": str(i)},
+        )
+    out = api.post(f"/v1/chains/{chain}/stop", {"reason": "loop"})[1]
+    got = by_id(out)
+    assert got["1"]["result"] == "stopped"
+    left = [e for e in got.values() if e["error"] == "not asked: n8n.confirm_s passed"]
+    assert left and all(e["result"] == "unconfirmed" and not e["confirmed"] for e in left)
+    assert out["cancellation"]["state"] == "partial"
+    assert out["cancellation"]["elapsed_s"] < 3
+    assert len(n8n.state.stops()) < 5
+
+
+def test_an_execution_n8n_does_not_know_is_not_found(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    api = admin(build(make_app, n8n.api_url))
+    first = activation(api, "wf-a", "row:1", "999")
+    out = api.post(f"/v1/chains/{first['chain_id']}/stop", {"reason": "loop"})[1]
+    assert by_id(out)["999"]["result"] == "not_found"
+    assert by_id(out)["999"]["confirmed"] is False
+    assert out["cancellation"]["state"] == "partial"
+
+
+def test_without_an_n8n_section_the_stop_says_nothing_was_asked(make_app: AppFactory) -> None:
+    api = admin(make_app())
+    first = activation(api, "wf-a", "row:1", "1")
+    out = api.post(f"/v1/chains/{first['chain_id']}/stop", {"reason": "loop"})[1]
+    assert out["cancellation"]["state"] == "not_configured"
+    assert by_id(out)["1"]["confirmed"] is False
+    assert api.get("/readyz")[1]["n8n"] == {"configured": False}
+
+
+def test_test_mode_chains_remember_test_executions(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(FakeExecution("1", "wf-a", mode="manual"), FakeExecution("2", "wf-a"))
+    api = admin(build(make_app, n8n.api_url))
+    test_chain = activation(api, "wf-a", "row:1", "1", execution_mode="test")
+    activation(api, "wf-a", "row:1", "2")
+    out = api.post(
+        f"/v1/chains/{test_chain['chain_id']}/stop", {"reason": "loop", "execution_mode": "test"}
+    )[1]
+    assert set(by_id(out)) == {"1"}
+    assert n8n.state.executions["2"].status == "waiting"
+
+
+def test_readyz_reports_a_reachable_n8n(make_app: AppFactory, n8n: FakeN8nServer) -> None:
+    api = admin(build(make_app, n8n.api_url))
+    status, ready = api.get("/readyz")
+    assert status == 200
+    assert ready["n8n"] == {"configured": True, "reachable": True}
+
+
+@pytest.mark.parametrize(
+    ("execution_id", "ok"),
+    [("123", True), ("a_b-9", True), ("", False), ("1/2", False), ("x" * 65, False)],
+)
+def test_execution_ids_are_validated(make_app: AppFactory, execution_id: str, ok: bool) -> None:
+    api = admin(make_app())
+    status, out = api.post(
+        "/v1/activations", {"workflow": "wf-a", "event_key": "k", "execution_id": execution_id}
+    )
+    assert (status == 200) is ok, out
+    if not ok:
+        assert out["errors"][0]["loc"][-1] == "execution_id"

@@ -1,0 +1,75 @@
+"""The operator page and stops that reach n8n (DESIGN §6): a /ui stop asks n8n too,
+the chain page lists what n8n confirmed, runaway and long-running tasks are marked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import unquote
+
+import pytest
+from fake_n8n import FakeExecution, FakeN8n, FakeN8nServer
+from test_ui import login
+
+from conftest import ADMIN_TOKEN, Api, AppFactory, Clock
+
+KEY = "n8n-api-key-0123456789"
+
+
+@pytest.fixture
+def n8n() -> Iterator[FakeN8nServer]:
+    server = FakeN8nServer(FakeN8n(key=KEY)).start()
+    yield server
+    server.stop()
+
+
+def test_a_ui_chain_stop_cancels_in_n8n_and_the_chain_page_lists_it(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    n8n.state.add(FakeExecution("41", "wf-a"), FakeExecution("42", "wf-a", on_stop="ignore"))
+    app = make_app(
+        environ={"N8N_API_KEY": KEY},
+        n8n={"api_url": n8n.api_url, "timeout_s": 2, "confirm_s": 0.5},
+    )
+    api = Api(app.test_client())
+    chain = api.post(
+        "/v1/activations", {"workflow": "wf-a", "event_key": "e1", "execution_id": "41"}
+    )[1]["chain_id"]
+    api.post(
+        "/v1/effects", {"chain_id": chain, "target_key": "t", "content": {}, "execution_id": "42"}
+    )
+    client = app.test_client()
+    csrf = login(client, ADMIN_TOKEN)
+    r = client.post(f"/ui/chains/{chain}/stop", data={"csrf": csrf, "reason": "loop"})
+    assert r.status_code == 303
+    assert "n8n: partial, 1/2 executions confirmed" in unquote(r.headers["Location"]).replace(
+        "+", " "
+    )
+    page = client.get(f"/ui/chains/{chain}").get_data(as_text=True)
+    assert "Stop in n8n: partial" in page
+    assert "<td>41</td><td>waiting</td><td>canceled</td>" in page
+    assert "<td>42</td><td>waiting</td><td>waiting</td>" in page and "unconfirmed" in page
+    r = client.post(
+        "/ui/workflows", data={"csrf": csrf, "workflow": "wf-b", "reason": "x", "action": "stop"}
+    )
+    assert "n8n: nothing_to_stop" in unquote(r.headers["Location"]).replace("+", " ")
+
+
+def test_runaway_and_long_running_tasks_are_marked(make_app: AppFactory, clock: Clock) -> None:
+    app = make_app(outliers={"min_tasks": 1, "running_s": 60})
+    api = Api(app.test_client())
+    normal = api.post("/v1/tasks", {"workflow": "wf-agent"})[1]["task"]["task_id"]
+    api.post(f"/v1/tasks/{normal}/model-calls", {"tokens_used": 100})
+    api.post(f"/v1/tasks/{normal}/complete", {"evidence": {"done": True}})
+    runaway = api.post("/v1/tasks", {"workflow": "wf-agent"})[1]["task"]["task_id"]
+    api.post(f"/v1/tasks/{runaway}/model-calls", {"tokens_used": 900})
+    client = app.test_client()
+    login(client, ADMIN_TOKEN)
+    page = client.get("/ui").get_data(as_text=True)
+    assert 'class="stopped outlier"' in page and "tokens 900 &gt; 500.0" in page
+    assert page.count('class="stopped outlier"') == 1
+    long_table = page.split('id="running-long"')[1].split("</table>")[0]
+    assert runaway not in long_table
+    clock.advance(61)
+    page = client.get("/ui").get_data(as_text=True)
+    long_table = page.split('id="running-long"')[1].split("</table>")[0]
+    assert runaway in long_table and normal not in long_table and "61 s" in long_table
