@@ -227,6 +227,21 @@ class PostgresServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def sql_rows(store_url: str, table: str) -> list[tuple[Any, ...]]:
+    """Every row of a SQL store's table, sorted: ``kv`` (key, doc, expires_at)
+    or ``idx`` (name, member, score), on SQLite or PostgreSQL."""
+    columns = {"kv": "key, doc, expires_at", "idx": "name, member, score"}[table]
+    if store_url.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            return sorted(conn.execute(f"SELECT {columns} FROM {table}"))
+    import psycopg
+
+    with psycopg.connect(store_url) as pg:
+        return sorted(pg.execute(f"SELECT {columns} FROM loopstop_{table}").fetchall())
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     server = PostgresServer().start()

@@ -86,9 +86,9 @@ def check_store_url(url: str) -> None:
 
         allowed = set(query)
         numeric = set(query) & (PARAMS - {"isolation"})
-        isolation = query.get("isolation", ["locks"])[-1]
-        if isolation not in ("locks", "serializable"):
-            raise ConfigError([("store", "isolation must be locks or serializable")])
+        isolation = query.get("isolation", ["cas"])[-1]
+        if isolation not in ("cas", "serializable"):
+            raise ConfigError([("store", "isolation must be cas or serializable")])
     else:
         raise ConfigError(
             [

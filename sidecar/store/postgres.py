@@ -13,22 +13,27 @@ Documents are stored as JSON *text* (the exact bytes :func:`encode_doc`
 wrote: integers past 64 bits and lone surrogates come back unchanged, which
 ``jsonb`` would refuse or reorder).
 
-One transaction per decision, ``READ COMMITTED`` with a transaction-scoped
-advisory lock per key read (``pg_advisory_xact_lock``, keyed by a hash of
-the key, taken in sorted order before the key is read). A lock exists
-whether or not its row does, so two decisions about a key that is not
-stored yet (two first ``begin`` of one id) are serialized like any other:
-the second reads the first one's record. Each statement that reads runs
-after its locks are held, so it sees every commit made under them.
-Increments are ``INSERT ... ON CONFLICT DO UPDATE`` applied to the row's
-value at commit, and need no lock. ``SERIALIZABLE`` without locks (retrying
-serialization failures) is available with ``?isolation=serializable``; the
-locks are the default because they were faster under contention and equal
-without it (see the README's store figures).
+One transaction per decision, a compare-and-set like the Redis store's:
+the documents are read by one statement (no lock held while the policy
+decides), then one pipeline sends ``BEGIN``, transaction-scoped advisory
+locks on every compared key (``pg_advisory_xact_lock``, keyed by a hash of
+the key, in sorted order: a lock exists whether or not its row does, so two
+first ``begin`` of one id cannot both insert), ``loopstop_check`` (every
+compared document still as read, and the store identity unchanged; else it
+raises and nothing is written), the writes and ``COMMIT``. A changed
+document means the function runs again on fresh reads (a jittered back-off
+from the second conflict on), within the deadline. Increments are
+``INSERT ... ON CONFLICT DO UPDATE`` applied to the row's value at commit
+and never compared. Locks are held only while that one pipeline runs on the
+server, never across the client's decision: a slow or descheduled worker
+thread never holds others up. ``?isolation=serializable`` (reads and writes
+in one ``SERIALIZABLE`` transaction, serialization failures retried) is kept
+for comparison; ``bench/pg_strategy.py`` measures the three designs (the
+README has the figures and why this one is the default).
 
-Round trips: ``BEGIN``, the locks, the identity and the reads are sent as
-one pipeline; the writes and ``COMMIT`` as a second one: two per decision
-(one more for a key first read inside the function).
+Round trips: two per decision (the read; the commit pipeline), one more
+for a key first read inside the function; a decision that writes nothing
+after one read needs no commit.
 
 Every call has one deadline (``timeout_s``): a statement, a lock wait and
 the wait for a connection from the pool all end with it (the connection's
@@ -103,6 +108,24 @@ BEGIN
     RETURN jsonb_set(d, ARRAY[field], to_jsonb(COALESCE((d ->> field)::numeric, 0) + delta))::text;
 END
 $fn$;
+CREATE OR REPLACE FUNCTION loopstop_check(
+    keys TEXT[], expected TEXT[], now DOUBLE PRECISION, store_id TEXT
+) RETURNS VOID LANGUAGE plpgsql AS $fn$
+DECLARE changed INT;
+BEGIN
+    IF store_id IS NOT NULL AND store_id IS DISTINCT FROM
+            (SELECT value FROM loopstop_meta WHERE key = 'store_id') THEN
+        RAISE EXCEPTION 'the store identity changed' USING ERRCODE = 'LS409';
+    END IF;
+    SELECT count(*) INTO changed FROM unnest(keys, expected) AS e(key, doc)
+        LEFT JOIN loopstop_kv kv
+            ON kv.key = e.key AND (kv.expires_at IS NULL OR kv.expires_at > now)
+        WHERE kv.doc IS DISTINCT FROM e.doc;
+    IF changed > 0 THEN
+        RAISE EXCEPTION '% document(s) changed since read', changed USING ERRCODE = 'LS409';
+    END IF;
+END
+$fn$;
 """
 _META_DDL = "CREATE TABLE IF NOT EXISTS loopstop_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
@@ -118,6 +141,13 @@ _SELECT = (
 )
 _LOCK = "SELECT count(pg_advisory_xact_lock(%s, k)) FROM unnest(%s::int4[]) AS k"
 _IDENTITY = "SELECT value FROM loopstop_meta WHERE key = %s"
+_LOCKS = (
+    "SELECT count(CASE WHEN l.x THEN pg_advisory_xact_lock(%(c)s, l.k) "
+    "ELSE pg_advisory_xact_lock_shared(%(c)s, l.k) END) FROM ("
+    "SELECT k, true AS x FROM unnest(%(x)s::int4[]) AS k UNION ALL "
+    "SELECT k, false FROM unnest(%(s)s::int4[]) AS k ORDER BY k) AS l"
+)
+_CHECK = "SELECT loopstop_check(%s::text[], %s::text[], %s, %s)"
 _PUT = (
     "INSERT INTO loopstop_kv (key, doc, expires_at) VALUES (%s, %s, %s) "
     "ON CONFLICT (key) DO UPDATE SET doc = EXCLUDED.doc, expires_at = EXCLUDED.expires_at"
@@ -139,6 +169,17 @@ _SWEEP = (
     "DELETE FROM loopstop_kv WHERE key IN (SELECT key FROM loopstop_kv "
     "WHERE expires_at IS NOT NULL AND expires_at <= %s LIMIT %s)"
 )
+
+class _Conflict(Exception):
+    """A document changed between its read and the commit (nothing was written).
+
+    :ivar written: the keys the plan that lost would have written.
+    """
+
+    def __init__(self, written: set[str]) -> None:
+        super().__init__("a compared document changed since it was read")
+        self.written = written
+
 
 #: SQLSTATEs after which nothing was committed and the decision may run again:
 #: serialization failure, deadlock, and a racing insert (SERIALIZABLE only).
@@ -176,11 +217,23 @@ class _DeadlineConnection(psycopg.Connection[tuple[Any, ...]]):
             raise psycopg.OperationalError("no answer from the server by the deadline") from None
 
 
+class _Pool(psycopg_pool.ConnectionPool[_DeadlineConnection]):
+    """psycopg's pool, collectable from any thread: a pool dropped while one of
+    its own workers holds the last reference stops without joining that one."""
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        for worker in self._signal_stop_worker():
+            if worker is not threading.current_thread():
+                worker.join(1.0)
+
+
 class PostgresStore(Store):
     """The store on a PostgreSQL database, shared by every worker and instance.
 
     :param url: ``postgresql://user[:password]@host:port/db`` (``postgres://``
-        too); libpq parameters pass through; ``isolation`` (``locks`` or
+        too); libpq parameters pass through; ``isolation`` (``cas`` or
         ``serializable``), ``pool_size`` and ``sweep_interval_s`` are this
         store's.
     :param timeout_s: the deadline of one call (a decision), seconds.
@@ -190,7 +243,7 @@ class PostgresStore(Store):
         raises :class:`StoreUnavailable` while the server does not answer.
     """
 
-    backend = "postgres"
+    backend = "postgresql"
 
     def __init__(
         self,
@@ -203,7 +256,7 @@ class PostgresStore(Store):
         parsed = urlparse(url)
         query = parse_qs(parsed.query)
         own = {k: query.pop(k)[-1] for k in list(query) if k in PARAMS}
-        self.serializable = own.get("isolation", "locks") == "serializable"
+        self.serializable = own.get("isolation", "cas") == "serializable"
         self.pool_size = int(own.get("pool_size", "4"))
         self.sweep_interval_s = float(own.get("sweep_interval_s", "60"))
         scheme = "postgresql"
@@ -214,18 +267,18 @@ class PostgresStore(Store):
         self.timeout_s = timeout_s
         self.clock = clock
         self.max_retries = max_retries
-        self._pool: psycopg_pool.ConnectionPool[_DeadlineConnection] | None = None
+        self._pool: _Pool | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._swept_at = time.monotonic()
 
     # -- connections -------------------------------------------------------
 
-    def _get_pool(self) -> psycopg_pool.ConnectionPool[_DeadlineConnection]:
+    def _get_pool(self) -> _Pool:
         with self._lock:
             if self._pool is None or self._pid != os.getpid():
                 ms = max(1, int(self.timeout_s * 1000))
-                self._pool = psycopg_pool.ConnectionPool(
+                self._pool = _Pool(
                     self.conninfo,
                     connection_class=_DeadlineConnection,
                     min_size=1,
@@ -238,6 +291,9 @@ class PostgresStore(Store):
                             f"-c idle_in_transaction_session_timeout={10 * ms}"
                         ),
                         "application_name": "loopstop",
+                        # No server-side prepared statements: a pipeline that a
+                        # conflict aborts would leave psycopg's cache of them wrong.
+                        "prepare_threshold": None,
                     },
                     open=False,
                     timeout=self.timeout_s,
@@ -284,21 +340,30 @@ class PostgresStore(Store):
     # -- interface ---------------------------------------------------------
 
     def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
-        del absent_likely  # the reads ride in the pipeline with BEGIN: nothing to save
+        del absent_likely  # a read is one statement: nothing to save by guessing
         self._guard_identity()
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         with self._errors(), self._connection(deadline) as conn:
+            # After a conflict, the keys the losing plan wrote are locked
+            # before they are read: a hot key then queues instead of spinning.
+            hot: set[str] = set()
             for attempt in range(self.max_retries):
                 try:
-                    plan = self._attempt(conn, declared, fn)
+                    plan = self._attempt(conn, declared, fn, hot)
                     break
+                except _Conflict as conflict:
+                    hot |= conflict.written
+                    self._rollback(conn)
+                    metrics.STORE_CONFLICTS.inc()
                 except _RETRYABLE:
                     self._rollback(conn)
                     metrics.STORE_CONFLICTS.inc()
                     pause = random.uniform(0, min(0.05, 0.001 * 2**attempt))
                     if time.monotonic() + pause >= deadline:
-                        raise
+                        raise StoreUnavailable(
+                            "postgres store: no decision within the deadline (contention)"
+                        ) from None
                     time.sleep(pause)
                 except BaseException:
                     self._rollback(conn)
@@ -310,62 +375,91 @@ class PostgresStore(Store):
         self._maybe_sweep()
         return plan.committed()
 
-    def _attempt(self, conn: _DeadlineConnection, declared: list[str], fn: TxnFn[T]) -> Plan[T]:
-        """One try of a transaction: read (locked), decide, write, commit."""
+    def _attempt(
+        self, conn: _DeadlineConnection, declared: list[str], fn: TxnFn[T], hot: set[str]
+    ) -> Plan[T]:
+        """One try: read, decide, then lock, compare and write in one pipeline.
+
+        :param hot: keys to lock (exclusively) before reading them.
+        :raises _Conflict: a compared document changed since it was read.
+        """
         now = self.clock()
         docs: dict[str, Doc | None] = {}
-        locked: set[int] = set()
+        raw: dict[str, str | None] = {}
+        reads = 0
+        held: set[int] = set()
         with conn.pipeline():
-            conn.execute(
-                "BEGIN ISOLATION LEVEL SERIALIZABLE" if self.serializable else "BEGIN"
-            )
+            if self.serializable:
+                conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+            elif hot:
+                conn.execute("BEGIN")
+                held = {_lock_id(k) for k in hot}
+                conn.execute(_LOCK, (LOCK_CLASS, sorted(held)))
             identity = conn.execute(_IDENTITY, (META_ID,))
-            selected = self._read(conn, declared, now, locked)
+            selected = conn.execute(_SELECT, (declared, now))
         metrics.STORE_ROUND_TRIPS.inc()
+        reads += 1
         if self.identity is not None:
             row = identity.fetchone()
             self._verify_identity(None if row is None else row[0])
-        self._keep(docs, declared, selected)
+        self._keep(docs, raw, declared, selected)
 
         def load(more: list[str]) -> None:
+            nonlocal reads
             fresh = [k for k in dict.fromkeys(more) if k not in docs]
             if fresh:
-                with conn.pipeline():
-                    cur = self._read(conn, fresh, now, locked)
+                cur = conn.execute(_SELECT, (fresh, now))
                 metrics.STORE_ROUND_TRIPS.inc()
-                self._keep(docs, fresh, cur)
+                reads += 1
+                self._keep(docs, raw, fresh, cur)
 
         plan = fn(Snapshot(docs, load))
         plan.check()
         for key in plan.writes:
             if key not in docs:
                 raise RuntimeError(f"transaction wrote {key!r} without reading it")
+        quiet = not (plan.writes or plan.index or plan.trims or plan.increments)
+        if quiet and reads == 1:
+            if self.serializable or hot:
+                conn.execute("COMMIT")
+            return plan  # one statement read it all at one instant
+        compared = [k for k in raw if k not in plan.unchecked]
+        # Written keys exclusively, keys only read shared (readers of a
+        # workflow's stop never wait for each other), in one sorted pass.
+        exclusive = sorted({_lock_id(k) for k in plan.writes} - held)
+        shared = sorted({_lock_id(k) for k in compared} - set(exclusive) - held)
         try:
             with conn.pipeline():
+                if not self.serializable:
+                    if not hot:
+                        conn.execute("BEGIN")
+                    if exclusive or shared:
+                        conn.execute(_LOCKS, {"c": LOCK_CLASS, "x": exclusive, "s": shared})
+                    conn.execute(
+                        _CHECK, (compared, [raw[k] for k in compared], now, self.identity)
+                    )
                 self._apply(conn, plan, now)
                 conn.execute("COMMIT")
-        except pgerrors.InvalidParameterValue as exc:
-            raise RuntimeError(f"increment: {exc.diag.message_primary}") from exc
+        except psycopg.Error as exc:
+            if exc.sqlstate == "LS409":
+                raise _Conflict(set(plan.writes)) from exc
+            if isinstance(exc, pgerrors.InvalidParameterValue):
+                raise RuntimeError(f"increment: {exc.diag.message_primary}") from exc
+            raise
         metrics.STORE_ROUND_TRIPS.inc()
         return plan
 
-    def _read(
-        self, conn: _DeadlineConnection, keys: list[str], now: float, locked: set[int]
-    ) -> psycopg.Cursor[tuple[Any, ...]]:
-        """Queue the locks of ``keys`` (not held yet) and their read, in a pipeline."""
-        if not self.serializable:
-            ids = sorted({_lock_id(k) for k in keys} - locked)
-            if ids:
-                conn.execute(_LOCK, (LOCK_CLASS, ids))
-                locked.update(ids)
-        return conn.execute(_SELECT, (keys, now))
-
     @staticmethod
     def _keep(
-        docs: dict[str, Doc | None], keys: list[str], cur: psycopg.Cursor[tuple[Any, ...]]
+        docs: dict[str, Doc | None],
+        raw: dict[str, str | None],
+        keys: list[str],
+        cur: psycopg.Cursor[tuple[Any, ...]],
     ) -> None:
         docs.update(dict.fromkeys(keys))
+        raw.update(dict.fromkeys(keys))
         for key, doc in cur.fetchall():
+            raw[key] = doc
             docs[key] = json.loads(doc)
 
     @staticmethod
@@ -424,7 +518,7 @@ class PostgresStore(Store):
                 cur = conn.execute(_SELECT, (unique, self.clock()))
             row = identity.fetchone()
             docs: dict[str, Doc | None] = {}
-            self._keep(docs, unique, cur)
+            self._keep(docs, {}, unique, cur)
         if self.identity is not None:
             self._verify_identity(None if row is None else row[0])
         return docs
@@ -489,7 +583,7 @@ class PostgresStore(Store):
         ]
         return {
             "backend": self.backend,
-            "isolation": "serializable" if self.serializable else "locks",
+            "isolation": "serializable" if self.serializable else "cas",
             "warnings": warnings,
         }
 
