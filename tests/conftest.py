@@ -147,11 +147,10 @@ class PostgresServer:
     """A private PostgreSQL cluster (initdb into a temp folder) on a free loopback port.
 
     As root, the cluster belongs to ``nobody`` and the server runs as that
-    user. ``fsync`` is off unless asked for (a killed server keeps its
-    commits anyway: they are in the OS's cache; only a host crash needs it).
+    user. ``fsync`` stays on, as in production (``/readyz`` warns without it).
     """
 
-    def __init__(self, *, fsync: bool = False) -> None:
+    def __init__(self, *, fsync: bool = True) -> None:
         self.port = free_port()
         self.user = _as_user()
         self.root = Path(tempfile.mkdtemp(prefix="loopstop-pg-"))
@@ -247,6 +246,111 @@ def postgres_server() -> Iterator[PostgresServer]:
     server = PostgresServer().start()
     yield server
     server.cleanup()
+
+
+class SentinelCluster:
+    """A Redis primary, its replicas (one by default) and three sentinels, on free
+    loopback ports."""
+
+    SERVICE = "loopstop"
+
+    def __init__(self, workdir: Path, replicas: int = 1) -> None:
+        self.workdir = workdir
+        self.primary = RedisServer(workdir / "primary")
+        self.replicas = replicas
+        self.replica: RedisServer | None = None
+        self.others: list[RedisServer] = []
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+        self.sentinel_ports: list[int] = []
+
+    def start(self) -> SentinelCluster:
+        self.primary.start()
+        self.replica = RedisServer(
+            self.workdir / "replica", "--replicaof", "127.0.0.1", str(self.primary.port)
+        ).start()
+        for n in range(1, self.replicas):
+            self.others.append(
+                RedisServer(
+                    self.workdir / f"replica-{n}",
+                    "--replicaof",
+                    "127.0.0.1",
+                    str(self.primary.port),
+                ).start()
+            )
+        self.wait_replica_synced(self.primary)
+        for i in range(3):
+            port = free_port()
+            folder = self.workdir / f"sentinel-{i}"
+            folder.mkdir(parents=True, exist_ok=True)
+            conf = folder / "sentinel.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {folder}\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
+                f"sentinel failover-timeout {self.SERVICE} 4000\n"
+            )
+            self.sentinels.append(
+                subprocess.Popen(
+                    [redis_server_binary(), str(conf), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            self.sentinel_ports.append(port)
+        deadline = time.monotonic() + 20
+        for port in self.sentinel_ports:  # every sentinel knows the replica and its peers
+            client = redis_lib.Redis(port=port, decode_responses=True, socket_timeout=1)
+            while True:
+                try:
+                    replicas = client.execute_command("SENTINEL", "REPLICAS", self.SERVICE)
+                    peers = client.execute_command("SENTINEL", "SENTINELS", self.SERVICE)
+                    if len(replicas) == self.replicas and len(peers) == 2:
+                        break
+                except redis_lib.RedisError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("sentinels did not discover the replica")
+                time.sleep(0.1)
+            client.close()
+        return self
+
+    def wait_replica_synced(self, primary: RedisServer) -> None:
+        client = primary.client()
+        deadline = time.monotonic() + 20
+        while any(
+            (client.info("replication").get(f"slave{n}") or {}).get("state") != "online"
+            for n in range(self.replicas)
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not sync")
+            time.sleep(0.05)
+        client.close()
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.SERVICE}/0"
+
+    def primary_port(self) -> int:
+        client = redis_lib.Redis(port=self.sentinel_ports[0], decode_responses=True)
+        _host, port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
+        client.close()
+        return int(port)
+
+    def failover(self) -> None:
+        """A failover the sentinels carry out (the replica is promoted)."""
+        client = redis_lib.Redis(port=self.sentinel_ports[0], decode_responses=True)
+        client.execute_command("SENTINEL", "FAILOVER", self.SERVICE)
+        client.close()
+
+    def stop(self) -> None:
+        for proc in self.sentinels:
+            proc.terminate()
+            proc.wait(10)
+        for server in [self.replica, *self.others]:
+            if server:
+                server.stop()
+        self.primary.stop()
 
 
 @pytest.fixture(scope="session")

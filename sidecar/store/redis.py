@@ -57,7 +57,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 from urllib.parse import parse_qs, urlparse
 
 import redis
@@ -161,11 +161,19 @@ class RedisStore(Store):
         except redis.ResponseError as exc:
             if "not a JSON object" in str(exc):  # the script refused a plan (as SQLite does)
                 raise RuntimeError(str(exc).rsplit(": ", 1)[0]) from exc
-            log.warning("redis store %s: %s: %s", self.url_redacted, type(exc).__name__, exc)
-            raise StoreUnavailable(f"redis store unavailable ({type(exc).__name__})") from exc
+            self._unavailable(exc)
         except redis.RedisError as exc:
-            log.warning("redis store %s: %s: %s", self.url_redacted, type(exc).__name__, exc)
-            raise StoreUnavailable(f"redis store unavailable ({type(exc).__name__})") from exc
+            self._unavailable(exc)
+
+    def _unavailable(self, exc: redis.RedisError) -> NoReturn:
+        """Log ``exc`` for the operator and raise the 503 that names no URL."""
+        log.warning("redis store %s: %s: %s", self.url_redacted, type(exc).__name__, exc)
+        if self.sentinel is not None:
+            # The server may no longer be the primary (a failover the old
+            # one has not heard of yet: its writes reach no replica): the
+            # next connection asks the sentinels again.
+            self.client.connection_pool.disconnect(inuse_connections=False)
+        raise StoreUnavailable(f"redis store unavailable ({type(exc).__name__})") from exc
 
     def _guard(self) -> None:
         """Refuse while the identity is lost or the eviction policy is unsafe.
