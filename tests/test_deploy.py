@@ -22,6 +22,21 @@ def test_compose_file_wires_redis_with_aof_and_loopstop() -> None:
     assert services["loopstop"]["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
+def test_compose_profile_runs_loopstop_on_postgres() -> None:
+    """The "postgres" profile: a PostgreSQL service and a loopstop whose store it is."""
+    from sidecar.store import check_store_url
+
+    services = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
+    assert services["postgres"]["profiles"] == ["postgres"]
+    sidecar = services["loopstop-postgres"]
+    assert sidecar["profiles"] == ["postgres"]
+    url = sidecar["environment"]["LOOPSTOP_STORE"]
+    assert url.startswith("postgresql://loopstop:") and url.endswith("@postgres:5432/loopstop")
+    check_store_url(url.replace("${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}", "pw"))
+    assert sidecar["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
+
+
 def test_alert_rules_use_exported_metrics(make_app: AppFactory) -> None:
     rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
