@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from conftest import SECRET, Api, Clock, PostgresServer, RedisServer
 from sidecar.app import create_app
 from sidecar.store import store_from_url
@@ -324,3 +326,40 @@ def test_readyz_probes_a_write_and_names_no_path(tmp_path: Path) -> None:
     assert str(tmp_path) not in body["detail"] and "loopstop.db" not in body["detail"]
     status, body = api.post("/v1/operations/x/begin", {"payload": 1})
     assert status == 503 and str(tmp_path) not in body["detail"]
+
+
+def test_serve_on_postgres_creates_the_schema_and_refuses_a_newer_one(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """`loopstop serve` on an empty database creates the tables and stamps the
+    schema; on a schema newer than the server it refuses to start, saying why."""
+    import psycopg
+    from test_serve import Sidecar
+
+    from conftest import free_port
+    from sidecar.store.base import SCHEMA_VERSION
+
+    postgres_server.reset()
+    env = {"LOOPSTOP_STORE": postgres_server.url, "LOOPSTOP_SECRET": SECRET}
+    served = Sidecar(tmp_path, env, workers=1).start()
+    try:
+        assert requests.get(f"{served.base}/readyz", timeout=5).status_code == 200
+    finally:
+        served.stop()
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM loopstop_meta").fetchall())
+        assert meta["schema_version"] == str(SCHEMA_VERSION) and len(meta["store_id"]) == 32
+        conn.execute(
+            "UPDATE loopstop_meta SET value = %s WHERE key = 'schema_version'",
+            (str(SCHEMA_VERSION + 1),),
+        )
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{free_port()}"],
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"schema version {SCHEMA_VERSION + 1} is newer" in out.stderr
