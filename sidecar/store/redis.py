@@ -49,6 +49,7 @@ retry then sees the true state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -170,9 +171,13 @@ class RedisStore(Store):
         log.warning("redis store %s: %s: %s", self.url_redacted, type(exc).__name__, exc)
         if self.sentinel is not None:
             # The server may no longer be the primary (a failover the old
-            # one has not heard of yet: its writes reach no replica): the
-            # next connection asks the sentinels again.
-            self.client.connection_pool.disconnect(inuse_connections=False)
+            # one has not heard of yet: its writes reach no replica). Ask the
+            # sentinels now: a new address drops the idle connections, and
+            # connections to the old one as they come back to the pool.
+            pool = cast(Any, self.client.connection_pool)
+            with contextlib.suppress(redis.RedisError):
+                pool.get_master_address()
+            pool.disconnect(inuse_connections=False)
         raise StoreUnavailable(f"redis store unavailable ({type(exc).__name__})") from exc
 
     def _guard(self) -> None:
