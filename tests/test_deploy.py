@@ -79,7 +79,7 @@ def test_compose_file_is_valid_against_the_compose_specification() -> None:
 
     compose = compose_spec.PyCompose.from_yaml((DEPLOY / "docker-compose.yml").read_text())
     compose.validate()
-    assert compose.service_names() == ["redis", "loopstop", "n8n"]
+    assert compose.service_names() == ["redis", "loopstop", "postgres", "loopstop-postgres", "n8n"]
 
 
 def test_alert_rules_pass_promtool() -> None:

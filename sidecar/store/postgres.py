@@ -174,11 +174,13 @@ class _Conflict(Exception):
     """A document changed between its read and the commit (nothing was written).
 
     :ivar written: the keys the plan that lost would have written.
+    :ivar compared: the keys it compared.
     """
 
-    def __init__(self, written: set[str]) -> None:
+    def __init__(self, written: set[str], compared: set[str]) -> None:
         super().__init__("a compared document changed since it was read")
         self.written = written
+        self.compared = compared
 
 
 #: SQLSTATEs after which nothing was committed and the decision may run again:
@@ -345,15 +347,18 @@ class PostgresStore(Store):
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         with self._errors(), self._connection(deadline) as conn:
-            # After a conflict, the keys the losing plan wrote are locked
-            # before they are read: a hot key then queues instead of spinning.
-            hot: set[str] = set()
+            # After a conflict, every key the losing attempt compared is
+            # locked (in one sorted pass: exclusive for the ones it wrote,
+            # shared for the rest) before it is read: a hot key then queues
+            # instead of spinning, and the locks are taken in one order.
+            hot: dict[str, bool] = {}
             for attempt in range(self.max_retries):
                 try:
                     plan = self._attempt(conn, declared, fn, hot)
                     break
                 except _Conflict as conflict:
-                    hot |= conflict.written
+                    for key in conflict.compared:
+                        hot[key] = hot.get(key, False) or key in conflict.written
                     self._rollback(conn)
                     metrics.STORE_CONFLICTS.inc()
                 except _RETRYABLE:
@@ -376,11 +381,11 @@ class PostgresStore(Store):
         return plan.committed()
 
     def _attempt(
-        self, conn: _DeadlineConnection, declared: list[str], fn: TxnFn[T], hot: set[str]
+        self, conn: _DeadlineConnection, declared: list[str], fn: TxnFn[T], hot: dict[str, bool]
     ) -> Plan[T]:
         """One try: read, decide, then lock, compare and write in one pipeline.
 
-        :param hot: keys to lock (exclusively) before reading them.
+        :param hot: keys to lock before reading them (True: exclusively).
         :raises _Conflict: a compared document changed since it was read.
         """
         now = self.clock()
@@ -388,13 +393,20 @@ class PostgresStore(Store):
         raw: dict[str, str | None] = {}
         reads = 0
         held: set[int] = set()
+        held_exclusive: set[int] = set()
         with conn.pipeline():
             if self.serializable:
                 conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
             elif hot:
                 conn.execute("BEGIN")
-                held = {_lock_id(k) for k in hot}
-                conn.execute(_LOCK, (LOCK_CLASS, sorted(held)))
+                exclusive_ids = {_lock_id(k) for k, x in hot.items() if x}
+                shared_ids = {_lock_id(k) for k in hot} - exclusive_ids
+                conn.execute(
+                    _LOCKS,
+                    {"c": LOCK_CLASS, "x": sorted(exclusive_ids), "s": sorted(shared_ids)},
+                )
+                held = exclusive_ids | shared_ids
+                held_exclusive = exclusive_ids
             identity = conn.execute(_IDENTITY, (META_ID,))
             selected = conn.execute(_SELECT, (declared, now))
         metrics.STORE_ROUND_TRIPS.inc()
@@ -426,7 +438,9 @@ class PostgresStore(Store):
         compared = [k for k in raw if k not in plan.unchecked]
         # Written keys exclusively, keys only read shared (readers of a
         # workflow's stop never wait for each other), in one sorted pass.
-        exclusive = sorted({_lock_id(k) for k in plan.writes} - held)
+        # A key held shared and now written is locked exclusively too (else
+        # two such writers could both pass the check and one overwrite the other).
+        exclusive = sorted({_lock_id(k) for k in plan.writes} - held_exclusive)
         shared = sorted({_lock_id(k) for k in compared} - set(exclusive) - held)
         try:
             with conn.pipeline():
@@ -442,7 +456,7 @@ class PostgresStore(Store):
                 conn.execute("COMMIT")
         except psycopg.Error as exc:
             if exc.sqlstate == "LS409":
-                raise _Conflict(set(plan.writes)) from exc
+                raise _Conflict(set(plan.writes), set(compared)) from exc
             if isinstance(exc, pgerrors.InvalidParameterValue):
                 raise RuntimeError(f"increment: {exc.diag.message_primary}") from exc
             raise
