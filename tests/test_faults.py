@@ -279,5 +279,6 @@ def test_postgres_killed_under_load_fails_closed_and_recovers(tmp_path: Path) ->
         print(f"postgres kill -9: {len(committed)} commits, {statuses.count(503)} 503s, lost 0")
         assert not lost, f"committed records lost: {lost[:5]} of {len(committed)}"
         store.close()
+        app.extensions["loopstop"].store.close()
     finally:
         server.cleanup()

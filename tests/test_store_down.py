@@ -303,6 +303,7 @@ def test_hung_postgres_fails_within_one_decision_timeout(tmp_path: Path) -> None
         while api.post("/v1/operations/hung/begin", {"payload": 1})[0] != 200:
             assert time.monotonic() < deadline, "postgres did not come back"
             time.sleep(0.1)
+        app.extensions["loopstop"].store.close()
     finally:
         server.cleanup()
 
