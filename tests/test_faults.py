@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -155,6 +156,99 @@ def test_begin_race_at_volume_across_four_workers(
     store = sidecar_env["LOOPSTOP_STORE"].split(":", 1)[0]
     print(f"{store}: {out.stdout.strip()}")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_sentinel_failover_under_load_loses_no_acknowledged_commit(tmp_path: Path) -> None:
+    """Redis behind Sentinel with ``wait_replicas: 1``: begin+commit loops run
+    while the primary is killed and the sentinels promote a replica. Every
+    commit answered 200 is on the new primary, and decisions resume within
+    10 s. Two replicas: each acknowledged write is on at least one, the
+    sentinels promote the one that replicated furthest, and the other then
+    follows it, so writes are acknowledged again."""
+    cluster = SentinelCluster(tmp_path, replicas=2).start()
+    try:
+        app = create_app(
+            {"store": cluster.url, "redis": {"wait_replicas": 1}},
+            environ={"LOOPSTOP_SECRET": SECRET},
+        )
+        first_primary = cluster.primary_port()
+        acknowledged: list[str] = []
+        odd: list[Any] = []
+        failures: list[float] = []
+        successes: list[float] = []
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def work(n: int) -> None:
+            api = Api(app.test_client(), token=None)
+            i = 0
+            while not stop.is_set():
+                op = f"s{n}-{i}"
+                i += 1
+                status, body = api.post(f"/v1/operations/{op}/begin", {"payload": {"i": i}})
+                if status == 200 and body["decision"] == "execute":
+                    status, body = api.post(
+                        f"/v1/operations/{op}/commit", {"attempt": 1, "receipt": op}
+                    )
+                    if status == 200:
+                        with lock:
+                            acknowledged.append(op)
+                with lock:
+                    (successes if status == 200 else failures).append(time.monotonic())
+                    if status not in (200, 503):
+                        odd.append((status, body))
+                if status != 200:
+                    time.sleep(0.05)
+
+        def worker(n: int) -> None:
+            try:
+                work(n)
+            except Exception as exc:  # reported by the test, not lost in a thread
+                odd.append(repr(exc))
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        failed_over_at = time.monotonic()
+        cluster.primary.stop("kill")  # the primary's host dies; the sentinels fail over
+        deadline = failed_over_at + 12
+        # Until the sentinels name the new primary, 503s were seen, and
+        # decisions then ran 1.5 s without one: they resumed at the first of those.
+        gap = None
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            with lock:
+                last_failure = max(failures, default=None)
+                resumed = [t for t in successes if last_failure and t > last_failure]
+            if (
+                last_failure
+                and resumed
+                and time.monotonic() - last_failure > 1.5
+                and cluster.primary_port() != first_primary
+            ):
+                gap = min(resumed) - failed_over_at
+                break
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not odd, odd[:3]
+        assert cluster.primary_port() != first_primary, "no failover happened"
+        assert failures, "the failover was not observed"
+        assert gap is not None, (
+            "decisions did not resume: 503s at "
+            f"{sorted({round(t - failed_over_at, 1) for t in failures})}"
+        )
+        print(f"sentinel failover: {len(failures)} 503s, decisions resumed after {gap:.1f} s")
+        store = store_from_url(cluster.url)
+        docs = store.get_many([f"p:op:{op}" for op in acknowledged])
+        lost = [op for op in acknowledged if (docs[f"p:op:{op}"] or {}).get("state") != "committed"]
+        store.close()
+        print(f"sentinel failover: {len(acknowledged)} acknowledged commits, {len(lost)} lost")
+        assert not lost, f"acknowledged commits lost: {lost[:5]} of {len(acknowledged)}"
+        assert gap < 10
+    finally:
+        cluster.stop()
 
 
 def test_sentinel_write_without_replica_acknowledgement_is_503(tmp_path: Path) -> None:
