@@ -1,5 +1,5 @@
-"""Benchmarks: decisions per second and latency of the sidecar on SQLite and on
-Redis, side by side with a bare Flask route under the same gunicorn settings,
+"""Benchmarks: decisions per second and latency of the sidecar on SQLite, Redis
+and PostgreSQL, side by side with a bare Flask route under the same gunicorn settings,
 driven by the same load tool (wrk).
 
     apt-get install wrk          # Debian's wrk
@@ -15,9 +15,13 @@ A second baseline, ``bare+redis``, is the bare route plus the two Redis
 commands a decision makes (a read, then the compare-and-set script) and
 nothing else: the ceiling of any read-then-conditional-write service on this
 machine, so "vs floor" tells the sidecar's own cost apart from Redis's.
+``bare+pg`` is the same for PostgreSQL: the bare route plus one transaction
+in two round trips (a read, then BEGIN, an upsert and COMMIT pipelined), the
+floor of the postgres rows (SQLite and Redis rows are set against bare+redis).
 The sidecar logs at its production default (INFO: one decision line per
 request, written to a discarded stderr).
-Everything runs on loopback: the servers it starts, and a private redis-server.
+Everything runs on loopback: the servers it starts, a private redis-server and
+a private PostgreSQL cluster (initdb into a temp folder, fsync on).
 """
 
 from __future__ import annotations
@@ -109,9 +113,13 @@ def start_sidecar(store: str, workdir: Path, workers: int) -> tuple[subprocess.P
 
 
 def start_bare(workers: int, redis_url: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """The bare route (``redis_url`` None) or the bare route plus two Redis commands."""
+    """The bare route (``redis_url`` None), or plus two Redis commands, or (a
+    ``postgresql://`` URL) plus one PostgreSQL transaction."""
     port = free_port()
     factory = "bare:create_app()" if redis_url is None else "bare:create_redis_app()"
+    pg_url = ""
+    if redis_url and redis_url.startswith("postgresql"):
+        factory, pg_url, redis_url = "bare:create_postgres_app()", redis_url, None
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -127,7 +135,7 @@ def start_bare(workers: int, redis_url: str | None = None) -> tuple[subprocess.P
             "warning",
             factory,
         ],
-        env={**os.environ, "BARE_REDIS_URL": redis_url or ""},
+        env={**os.environ, "BARE_REDIS_URL": redis_url or "", "BARE_PG_URL": pg_url},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -259,7 +267,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--big", type=int, default=1_000_000, help="records for the size run")
-    ap.add_argument("--stores", default="sqlite,redis", help="comma-separated: sqlite, redis")
+    ap.add_argument(
+        "--stores", default="sqlite,redis,postgres", help="comma-separated: sqlite, redis, postgres"
+    )
     ap.add_argument("--no-size", action="store_true", help="skip the 1k vs --big run")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -290,12 +300,25 @@ def main() -> int:
             break
         except redis.ConnectionError:
             time.sleep(0.05)
+    postgres = None
+    if "postgres" in args.stores.split(","):
+        sys.path.insert(0, str(ROOT / "tests"))
+        from conftest import PostgresServer  # the tests' private cluster, fsync on
+
+        postgres = PostgresServer(fsync=True).start()
+    pg_url = postgres.url if postgres else ""
     env = {"BENCH_TOKEN": TOKEN}
     rows: list[tuple[str, str, dict[str, Any]]] = []
     fake_tasks = ",".join(f"t{i:020x}" for i in range(2 * args.connections))
     try:
         bases: dict[str, dict[str, dict[str, Any]]] = {}
-        for label, url in (("bare", None), ("floor", f"redis://127.0.0.1:{redis_port}/0")):
+        targets: list[tuple[str, str | None]] = [
+            ("bare", None),
+            ("floor", f"redis://127.0.0.1:{redis_port}/0"),
+        ]
+        if postgres:
+            targets.append(("floor-pg", pg_url))
+        for label, url in targets:
             bare, bare_base = start_bare(args.workers, url)
             bases[label] = {}
             for scenario in SCENARIOS:
@@ -306,7 +329,7 @@ def main() -> int:
                     args,
                     {**env, "BENCH_TASKS": fake_tasks, "BENCH_THREADS": str(args.threads)},
                 )
-                if url is not None:
+                if url is not None and url.startswith("redis"):
                     time.sleep(1)  # let the requests wrk left in flight finish
                     figures["commands"] = (redis_calls(client) - calls0) / figures["requests"]
                 bases[label][scenario] = figures
@@ -321,6 +344,7 @@ def main() -> int:
             for name, url in (
                 ("sqlite", f"sqlite:///{tmp}/bench.db"),
                 ("redis", f"redis://127.0.0.1:{redis_port}/0"),
+                ("postgres", pg_url),
             )
             if name in args.stores.split(",")
         }
@@ -336,20 +360,22 @@ def main() -> int:
                         extra["BENCH_THREADS"] = str(args.threads)
                     (decided0, trips0, conflicts0), calls0 = store_counts(base), redis_calls(client)
                     figures = wrk(base, scenario, args, {**env, **extra})
-                    if name == "redis":
+                    if name in ("redis", "postgres"):
                         time.sleep(1)  # let the requests wrk left in flight finish
                         decided, trips, conflicts = store_counts(base)
                         n = decided - decided0
                         figures["round_trips"] = (trips - trips0) / n
                         figures["conflicts"] = (conflicts - conflicts0) / n
+                    if name == "redis":
                         figures["commands"] = (redis_calls(client) - calls0) / n
                     figures["ratio"] = figures["per_s"] / baseline[scenario]["per_s"]
-                    figures["vs_floor"] = figures["per_s"] / floor[scenario]["per_s"]
+                    own_floor = bases["floor-pg"] if name == "postgres" else floor
+                    figures["vs_floor"] = figures["per_s"] / own_floor[scenario]["per_s"]
                     rows.append((name, scenario, figures))
             finally:
                 stop(proc)
         sizes: dict[str, dict[int, dict[str, Any]]] = {}
-        for name in [] if args.no_size else stores:
+        for name in [] if args.no_size else [n for n in stores if n != "postgres"]:
             sizes[name] = {}
             for count in sorted({1_000, args.big}):
                 client.flushdb()
@@ -374,6 +400,8 @@ def main() -> int:
     finally:
         redis_proc.terminate()
         redis_proc.wait(10)
+        if postgres:
+            postgres.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(
@@ -385,7 +413,10 @@ def main() -> int:
         f"{'p99 ms':>8} {'vs bare':>8} {'vs floor':>8} {'RTT/dec':>8} {'cmds/dec':>8} "
         f"{'non-2xx':>8}"
     )
-    for label, by_scenario in (("bare", baseline), ("bare+redis", floor)):
+    floors = [("bare", baseline), ("bare+redis", floor)]
+    if "floor-pg" in bases:
+        floors.append(("bare+pg", bases["floor-pg"]))
+    for label, by_scenario in floors:
         for scenario, f in by_scenario.items():
             ratio = f["per_s"] / baseline[scenario]["per_s"]
             cmds = f"{f['commands']:.2f}" if "commands" in f else ""

@@ -40,6 +40,8 @@ from sidecar.store import Store, sqlite_path, store_from_url
 log = logging.getLogger("loopstop")
 
 SECRET_FILE_NAME = "loopstop.secret"
+#: Set by ``loopstop serve`` for its workers: the store identity the master saw.
+STORE_ID_ENV = "LOOPSTOP_STORE_ID_SEEN"
 
 
 def secret_file_for(store_url: str) -> Path | None:
@@ -85,10 +87,17 @@ def create_app(
         fingerprinter = build_fingerprinter(env, secret_file_for(settings.store))
     except (ValueError, OSError) as exc:
         raise ConfigError([("LOOPSTOP_SECRET", str(exc))]) from exc
-    store = store or store_from_url(settings.store)
+    store = store or store_from_url(
+        settings.store,
+        timeout_s=settings.store_timeout_s,
+        wait_replicas=settings.redis.wait_replicas,
+        policy_check_s=settings.redis.policy_check_s,
+    )
     if store.backend == "sqlite":
         _one_writer_per_process(store)
-    store.ensure_schema()
+    # A worker started by `loopstop serve` knows the identity its master saw:
+    # an emptied or replaced store is then refused, not initialised afresh.
+    store.ensure_schema(expected_identity=env.get(STORE_ID_ENV) or None)
     tokens = TokenTable(settings.tokens, env)
     clock = clock or time.time
     session = session or requests.Session()

@@ -201,7 +201,7 @@ def build_fingerprinter(environ: Mapping[str, str], secret_file: Path | None) ->
         current = load_or_create_secret_file(secret_file)
     else:
         raise ValueError(
-            "LOOPSTOP_SECRET is required with a shared (redis) store: every instance "
+            "LOOPSTOP_SECRET is required with a shared (Redis or PostgreSQL) store: every instance "
             "must fingerprint with the same secret"
         )
     return Fingerprinter(current, previous)

@@ -179,7 +179,12 @@ def serve(
 
         # Validate once in the master: secret (created here, once), store, schema.
         probe = create_app(settings, announce=False)
-        probe.extensions["loopstop"].store.close()
+        probe_store = probe.extensions["loopstop"].store
+        if probe_store.identity:  # the workers refuse a store that is not this one
+            from sidecar.app import STORE_ID_ENV
+
+            os.environ[STORE_ID_ENV] = probe_store.identity
+        probe_store.close()
     except ConfigError as exc:
         _print_problems(exc)
         sys.exit(2)
@@ -224,32 +229,72 @@ def serve(
 @main.command()
 @click.option("--vacuum", is_flag=True, help="Also give the freed pages back to the disk.")
 def purge(vacuum: bool) -> None:
-    """Delete every expired record now (SQLite; Redis expires keys by itself)."""
+    """Delete every expired record now (SQLite, PostgreSQL; Redis expires keys by itself)."""
     from sidecar.store import store_from_url
+    from sidecar.store.postgres import PostgresStore
     from sidecar.store.sqlite import SQLiteStore
 
     try:
         settings = load_settings()
-        store = store_from_url(settings.store)
+        store = store_from_url(settings.store, timeout_s=max(settings.store_timeout_s, 30.0))
     except ConfigError as exc:
         _print_problems(exc)
         sys.exit(2)
     except StoreUnavailable as exc:
         click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
         sys.exit(3)
-    if not isinstance(store, SQLiteStore):
+    if not isinstance(store, SQLiteStore | PostgresStore):
         click.echo("redis expires every key by its TTL: nothing to purge")
         return
     total = 0
     try:
         while n := store.sweep():
             total += n
-        if vacuum:
+        if vacuum and isinstance(store, SQLiteStore):
             store.vacuum()
     except StoreUnavailable as exc:
         click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
         sys.exit(3)
-    click.echo(f"purged {total} expired record(s) from {store.path}")
+    where = store.path if isinstance(store, SQLiteStore) else _redacted_store(settings.store)
+    click.echo(f"purged {total} expired record(s) from {where}")
+
+
+@main.command("accept-store")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def accept_store(yes: bool) -> None:
+    """Accept the store as it is now, after it was emptied or replaced.
+
+    Workers refuse every decision (503, not ready) once the store they saw
+    loses its identity: a Redis restarted without its data, a database
+    swapped for another. Accepting says the ledger now starts from what this
+    store holds: any write committed before and missing here can run again
+    when its workflow retries it. Check the system of record first.
+    """
+    from sidecar.store import store_from_url
+
+    try:
+        settings = load_settings()
+        store = store_from_url(settings.store, timeout_s=max(settings.store_timeout_s, 10.0))
+        click.echo(
+            "Accepting this store means: every operation it does not hold is new to "
+            "loopstop. A committed write whose record was lost (an emptied Redis, a "
+            "replaced database) will execute again when its workflow retries it."
+        )
+        if not yes:
+            click.confirm("Accept the store as it is now?", abort=True)
+        before, accepted = store.accept()
+    except ConfigError as exc:
+        _print_problems(exc)
+        sys.exit(2)
+    except StoreUnavailable as exc:
+        click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
+        sys.exit(3)
+    what = "was empty" if before is None else f"had identity {before}"
+    click.echo(
+        f"accepted store {accepted} ({what}); running workers serve on it again "
+        "at their next request"
+    )
+    store.close()
 
 
 def _metrics_folder() -> None:

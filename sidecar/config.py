@@ -232,6 +232,18 @@ class HttpConfig(_Section):
     checks_wait_s: Annotated[float, Field(ge=0, le=60)] = 1.0
 
 
+class RedisConfig(_Section):
+    """Redis store settings (ignored by the other stores).
+
+    :ivar wait_replicas: replicas that must acknowledge a write (``WAIT``)
+        before it is answered; fewer in time is a 503.
+    :ivar policy_check_s: seconds between checks of ``maxmemory-policy``.
+    """
+
+    wait_replicas: Annotated[int, Field(ge=0, le=16)] = 0
+    policy_check_s: Annotated[float, Field(gt=0, le=3600)] = 5.0
+
+
 class LoggingConfig(_Section):
     allowed_fields: list[str] = []
 
@@ -318,6 +330,10 @@ class Settings(_Section):
     """
 
     store: str = DEFAULT_STORE_URL
+    #: The deadline of one decision's store work, seconds (a hung store is a
+    #: 503 at this point, never a wait that stacks retries on it).
+    store_timeout_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    redis: RedisConfig = RedisConfig()
     tokens: list[TokenConfig] = []
     limits: Limits = Limits()
     policies: dict[str, PolicyConfig] = {}

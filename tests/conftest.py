@@ -1,15 +1,20 @@
-"""Shared fixtures: a real redis-server on a free port, both stores, app factories.
+"""Shared fixtures: a real redis-server and PostgreSQL on free ports, every store, app factories.
 
-Every store test runs on ``sqlite`` (a temp file) and ``redis`` (a
-``redis-server`` this session starts; never the machine's 6379).
+Every store test runs on ``sqlite`` (a temp file), ``redis`` (a
+``redis-server`` this session starts; never the machine's 6379) and
+``postgres`` (a private cluster made with ``initdb`` in a temp folder and
+started on a free port; never the machine's 5432).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -116,6 +121,238 @@ class RedisServer:
         return redis_lib.Redis(port=self.port, decode_responses=True)
 
 
+def postgres_bin(name: str) -> str:
+    """A PostgreSQL program: ``LOOPSTOP_TEST_PG_BIN``, PATH, or /usr/lib/postgresql/*/bin."""
+    folder = os.environ.get("LOOPSTOP_TEST_PG_BIN")
+    candidates = [os.path.join(folder, name)] if folder else []
+    candidates += sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    on_path = shutil.which(name)
+    if on_path:
+        candidates.append(on_path)
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail(
+        f"PostgreSQL's {name} is not installed: the postgres store tests need it "
+        "(scripts/test installs the postgresql package; or set LOOPSTOP_TEST_PG_BIN)"
+    )
+
+
+def _as_user() -> str | None:
+    """The user PostgreSQL runs as: itself when not root (initdb refuses root), else nobody."""
+    return "nobody" if os.geteuid() == 0 else None
+
+
+class PostgresServer:
+    """A private PostgreSQL cluster (initdb into a temp folder) on a free loopback port.
+
+    As root, the cluster belongs to ``nobody`` and the server runs as that
+    user. ``fsync`` stays on, as in production (``/readyz`` warns without it).
+    """
+
+    def __init__(self, *, fsync: bool = True) -> None:
+        self.port = free_port()
+        self.user = _as_user()
+        self.root = Path(tempfile.mkdtemp(prefix="loopstop-pg-"))
+        self.data = self.root / "data"
+        self.fsync = fsync
+        self.proc: subprocess.Popen[bytes] | None = None
+        if self.user:
+            os.chmod(self.root, 0o755)
+            shutil.chown(self.root, self.user)
+        subprocess.run(
+            [postgres_bin("initdb"), "-D", str(self.data), "-U", "loopstop",
+             "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self.user,
+        )
+        self.url = f"postgresql://loopstop@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> PostgresServer:
+        self.proc = subprocess.Popen(
+            [
+                postgres_bin("postgres"), "-D", str(self.data), "-p", str(self.port),
+                "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
+                "-c", f"fsync={'on' if self.fsync else 'off'}", "-c", "max_connections=400",
+                "-c", "idle_session_timeout=60s", "-c", "shared_buffers=32MB",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self.user,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    pass
+                import psycopg
+
+                with psycopg.connect(self.url, connect_timeout=1):
+                    break
+            except (OSError, Exception):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("postgres did not start") from None
+                time.sleep(0.05)
+        return self
+
+    def stop(self, sig: str = "term") -> None:
+        if self.proc and self.proc.poll() is None:
+            if sig == "kill":
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait(10)
+                # The backends of a killed postmaster exit on their own; wait for the port.
+                subprocess.run(["pkill", "-KILL", "-P", str(self.proc.pid)], check=False)
+            else:
+                self.proc.send_signal(signal.SIGINT)  # fast shutdown
+                self.proc.wait(30)
+            stale = self.data / "postmaster.pid"
+            if sig == "kill" and stale.exists():
+                stale.unlink()
+
+    def reset(self) -> None:
+        """An empty store: drop what a previous test left."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(
+                "DROP TABLE IF EXISTS loopstop_kv, loopstop_idx, loopstop_meta CASCADE; "
+                "DROP FUNCTION IF EXISTS loopstop_increment"
+            )
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def sql_rows(store_url: str, table: str) -> list[tuple[Any, ...]]:
+    """Every row of a SQL store's table, sorted: ``kv`` (key, doc, expires_at)
+    or ``idx`` (name, member, score), on SQLite or PostgreSQL."""
+    columns = {"kv": "key, doc, expires_at", "idx": "name, member, score"}[table]
+    if store_url.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            return sorted(conn.execute(f"SELECT {columns} FROM {table}"))
+    import psycopg
+
+    with psycopg.connect(store_url) as pg:
+        return sorted(pg.execute(f"SELECT {columns} FROM loopstop_{table}").fetchall())
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    yield server
+    server.cleanup()
+
+
+class SentinelCluster:
+    """A Redis primary, its replicas (one by default) and three sentinels, on free
+    loopback ports."""
+
+    SERVICE = "loopstop"
+
+    def __init__(self, workdir: Path, replicas: int = 1) -> None:
+        self.workdir = workdir
+        self.primary = RedisServer(workdir / "primary")
+        self.replicas = replicas
+        self.replica: RedisServer | None = None
+        self.others: list[RedisServer] = []
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+        self.sentinel_ports: list[int] = []
+
+    def start(self) -> SentinelCluster:
+        self.primary.start()
+        self.replica = RedisServer(
+            self.workdir / "replica", "--replicaof", "127.0.0.1", str(self.primary.port)
+        ).start()
+        for n in range(1, self.replicas):
+            self.others.append(
+                RedisServer(
+                    self.workdir / f"replica-{n}",
+                    "--replicaof",
+                    "127.0.0.1",
+                    str(self.primary.port),
+                ).start()
+            )
+        self.wait_replica_synced(self.primary)
+        for i in range(3):
+            port = free_port()
+            folder = self.workdir / f"sentinel-{i}"
+            folder.mkdir(parents=True, exist_ok=True)
+            conf = folder / "sentinel.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {folder}\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
+                f"sentinel failover-timeout {self.SERVICE} 4000\n"
+            )
+            self.sentinels.append(
+                subprocess.Popen(
+                    [redis_server_binary(), str(conf), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            self.sentinel_ports.append(port)
+        deadline = time.monotonic() + 20
+        for port in self.sentinel_ports:  # every sentinel knows the replica and its peers
+            client = redis_lib.Redis(port=port, decode_responses=True, socket_timeout=1)
+            while True:
+                try:
+                    replicas = client.execute_command("SENTINEL", "REPLICAS", self.SERVICE)
+                    peers = client.execute_command("SENTINEL", "SENTINELS", self.SERVICE)
+                    if len(replicas) == self.replicas and len(peers) == 2:
+                        break
+                except redis_lib.RedisError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("sentinels did not discover the replica")
+                time.sleep(0.1)
+            client.close()
+        return self
+
+    def wait_replica_synced(self, primary: RedisServer) -> None:
+        client = primary.client()
+        deadline = time.monotonic() + 20
+        while any(
+            (client.info("replication").get(f"slave{n}") or {}).get("state") != "online"
+            for n in range(self.replicas)
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not sync")
+            time.sleep(0.05)
+        client.close()
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.SERVICE}/0"
+
+    def primary_port(self) -> int:
+        client = redis_lib.Redis(port=self.sentinel_ports[0], decode_responses=True)
+        _host, port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
+        client.close()
+        return int(port)
+
+    def failover(self) -> None:
+        """A failover the sentinels carry out (the replica is promoted)."""
+        client = redis_lib.Redis(port=self.sentinel_ports[0], decode_responses=True)
+        client.execute_command("SENTINEL", "FAILOVER", self.SERVICE)
+        client.close()
+
+    def stop(self) -> None:
+        for proc in self.sentinels:
+            proc.terminate()
+            proc.wait(10)
+        for server in [self.replica, *self.others]:
+            if server:
+                server.stop()
+        self.primary.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
@@ -141,11 +378,18 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+STORES = ["sqlite", "redis", "postgres"]
+
+
+@pytest.fixture(params=STORES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty store URL of each kind."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/loopstop.db"
+    if request.param == "postgres":
+        pg: PostgresServer = request.getfixturevalue("postgres_server")
+        pg.reset()
+        return pg.url
     server: RedisServer = request.getfixturevalue("redis_server")
     server.client().flushdb()
     return server.url

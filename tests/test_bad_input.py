@@ -3,13 +3,12 @@ ledger unchanged afterwards (both stores)."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import pytest
 import redis
 
-from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
+from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory, sql_rows
 
 AUTH = {"Authorization": f"Bearer {N8N_TOKEN}"}
 BEGIN = "/v1/operations/order-1/begin"
@@ -17,13 +16,8 @@ BEGIN = "/v1/operations/order-1/begin"
 
 def dump(store_url: str) -> Any:
     """Every stored byte, to prove a rejected request changed nothing."""
-    if store_url.startswith("sqlite"):
-        path = store_url.removeprefix("sqlite:///")
-        with sqlite3.connect(path) as conn:
-            return (
-                sorted(conn.execute("SELECT key, doc FROM kv")),
-                sorted(conn.execute("SELECT name, member, score FROM idx")),
-            )
+    if not store_url.startswith("redis"):
+        return sql_rows(store_url, "kv"), sql_rows(store_url, "idx")
     client = redis.Redis.from_url(store_url, decode_responses=True)
     out = {}
     for key in sorted(client.keys("*")):

@@ -165,7 +165,7 @@ def test_check_config_ok_and_errors(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "limits.max_idle" in out.stderr and "chains.workflows.wf.max_dept" in out.stderr
     for env, says in (
-        ({"LOOPSTOP_STORE": "postgres://x"}, "unknown store scheme"),
+        ({"LOOPSTOP_STORE": "mongodb://x"}, "unknown store scheme"),
         ({"LOOPSTOP_STORE": "sqlite://two-slashes.db"}, "three or four slashes"),
         ({"LOOPSTOP_STORE": "sqlite:///x.db?busy_timeout_s=abc"}, "positive number"),
         ({"LOOPSTOP_BIND": "nonsense"}, "LOOPSTOP_BIND"),

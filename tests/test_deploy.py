@@ -20,6 +20,94 @@ def test_compose_file_wires_redis_with_aof_and_loopstop() -> None:
     env = services["loopstop"]["environment"]
     assert env["LOOPSTOP_STORE"].startswith("redis://redis:")
     assert services["loopstop"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert services["redis"]["command"][-2:] == ["--maxmemory-policy", "noeviction"]
+
+
+def test_compose_n8n_has_the_node_and_the_same_token() -> None:
+    """n8n is built with the Loop Stop node, and its credential's token is loopstop's."""
+    services = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
+    n8n = services["n8n"]
+    assert n8n["build"] == {"context": "..", "dockerfile": "deploy/n8n/Dockerfile"}
+    dockerfile = (DEPLOY.parent / n8n["build"]["dockerfile"]).read_text()
+    assert "FROM n8nio/n8n:2.41.1" in dockerfile and "npm pack" in dockerfile
+    assert (
+        n8n["environment"]["LOOPSTOP_TOKEN_N8N"]
+        == services["loopstop"]["environment"]["LOOPSTOP_TOKEN_N8N"]
+    )
+    assert n8n["environment"]["LOOPSTOP_URL"] == "http://loopstop:8765"
+    script = (DEPLOY / "n8n" / "import-examples.sh").read_text()
+    assert '"type": "loopStopApi"' in script and "publish:workflow --id=lsExSelfCall0001" in script
+
+
+def test_compose_brings_up_a_guarded_flow() -> None:
+    """Where a Docker engine runs: build, start, import, and the self-call loop ends
+    (four activations proceed, the fifth is dropped at the chain's depth)."""
+    import shutil
+    import subprocess
+    import time
+
+    import pytest
+    import requests
+
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker client on this machine")
+    info = subprocess.run([docker, "info"], capture_output=True, text=True, check=False)
+    if info.returncode != 0:
+        pytest.skip("no Docker engine answers here (docker info failed); CI has none")
+    env = {
+        **__import__("os").environ,
+        "LOOPSTOP_SECRET": "compose-test-secret-0123456789",
+        "LOOPSTOP_TOKEN_N8N": "compose-test-n8n-token-0123",
+        "LOOPSTOP_TOKEN_ADMIN": "compose-test-admin-token-0123",
+    }
+    compose = [docker, "compose", "-f", str(DEPLOY / "docker-compose.yml"), "-p", "lstest"]
+    try:
+        subprocess.run([*compose, "up", "-d", "--build"], env=env, check=True, timeout=1800)
+        subprocess.run(
+            [*compose, "exec", "-T", "n8n", "loopstop-import-examples"], env=env, check=True
+        )
+        subprocess.run([*compose, "restart", "n8n"], env=env, check=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get("http://127.0.0.1:5678/healthz", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                time.sleep(1)
+        requests.post(
+            "http://127.0.0.1:5678/webhook/loopstop-self-call",
+            json={"run": "r1", "hop": 0},
+            timeout=30,
+        ).raise_for_status()
+        dropped = 'route="activations",reason="chain_depth"'
+        while time.monotonic() < deadline + 60:
+            metrics = requests.get("http://127.0.0.1:8765/metrics", timeout=5).text
+            if any(
+                dropped in line or ("chain_depth" in line and "activations" in line)
+                for line in metrics.splitlines()
+            ):
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError("the self-call loop was not dropped at its depth")
+    finally:
+        subprocess.run([*compose, "down", "-v"], env=env, check=False)
+
+
+def test_compose_profile_runs_loopstop_on_postgres() -> None:
+    """The "postgres" profile: a PostgreSQL service and a loopstop whose store it is."""
+    from sidecar.store import check_store_url
+
+    services = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
+    assert services["postgres"]["profiles"] == ["postgres"]
+    sidecar = services["loopstop-postgres"]
+    assert sidecar["profiles"] == ["postgres"]
+    url = sidecar["environment"]["LOOPSTOP_STORE"]
+    assert url.startswith("postgresql://loopstop:") and url.endswith("@postgres:5432/loopstop")
+    check_store_url(url.replace("${POSTGRES_PASSWORD:-loopstop-change-me}", "pw"))
+    assert sidecar["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
 
 
 def test_alert_rules_use_exported_metrics(make_app: AppFactory) -> None:
@@ -64,7 +152,7 @@ def test_compose_file_is_valid_against_the_compose_specification() -> None:
 
     compose = compose_spec.PyCompose.from_yaml((DEPLOY / "docker-compose.yml").read_text())
     compose.validate()
-    assert compose.service_names() == ["redis", "loopstop", "n8n"]
+    assert compose.service_names() == ["redis", "loopstop", "postgres", "loopstop-postgres", "n8n"]
 
 
 def test_alert_rules_pass_promtool() -> None:
@@ -92,9 +180,9 @@ def test_dockerfile_passes_hadolint() -> None:
     import sys
 
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    dockerfile = Path(__file__).parent.parent / "Dockerfile"
+    root = Path(__file__).parent.parent
     out = subprocess.run(
-        [hadolint, "--no-color", str(dockerfile)],
+        [hadolint, "--no-color", str(root / "Dockerfile"), str(root / "deploy/n8n/Dockerfile")],
         capture_output=True,
         text=True,
         timeout=60,

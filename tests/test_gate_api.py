@@ -231,15 +231,13 @@ def test_test_mode_activations_are_separate(api: Api) -> None:
 def test_every_gate_key_expires(api: Api, store_url: str) -> None:
     """Activations, effects, windows and chains all carry a TTL (Redis shows it directly)."""
     if not store_url.startswith("redis"):
-        import sqlite3
+        from conftest import sql_rows
 
         first = activate(api, event_key="k1", subject_key="s1", content={"a": 1})
         api.post(
             "/v1/effects", {"chain_id": first["chain_id"], "target_key": "t1", "content": {"a": 1}}
         )
-        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
-            rows = conn.execute("SELECT key FROM kv WHERE expires_at IS NULL").fetchall()
-        assert rows == []
+        assert [key for key, _, expires in sql_rows(store_url, "kv") if expires is None] == []
         return
     import redis
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -10,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import SECRET, Api, Clock, RedisServer
+import requests
+
+from conftest import SECRET, Api, Clock, PostgresServer, RedisServer
 from sidecar.app import create_app
 from sidecar.store import store_from_url
 
@@ -120,6 +124,7 @@ def test_redis_down_readyz_and_reads_are_503(tmp_path: Path) -> None:
         api.get("/v1/operations"),
     ):
         assert status == 503 and body["type"].endswith("store-unavailable")
+        assert str(server.port) not in body["detail"] and "redis://" not in body["detail"]
     assert api.get("/healthz")[0] == 200  # liveness does not depend on the store
 
 
@@ -151,3 +156,211 @@ def test_sqlite_locked_past_busy_timeout_is_503_not_a_hang(tmp_path: Path) -> No
     assert api.get("/v1/operations/during")[0] == 404  # nothing was admitted
     assert api.begin("during")["decision"] == "execute"
     assert api.begin("before")["decision"] == "in_progress"
+
+
+def test_redis_evicting_policy_is_not_ready_and_every_decision_is_503(tmp_path: Path) -> None:
+    """A Redis whose maxmemory-policy is not noeviction could evict committed
+    records (a re-begin would then execute again): not ready, and every
+    decision is a 503 naming the policy, checked again as CONFIG SET changes it."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        app = create_app(
+            {"store": server.url, "redis": {"policy_check_s": 0.2}},
+            environ={"LOOPSTOP_SECRET": SECRET},
+        )
+        api = Api(app.test_client(), token=None)
+        assert api.begin("before")["decision"] == "execute"
+        server.client().config_set("maxmemory-policy", "volatile-lru")
+        time.sleep(0.3)
+        answers = [
+            api.post("/v1/operations/after/begin", {"payload": 1}),
+            api.post("/v1/operations/before/begin", {"payload": {"x": 1}}),
+            api.post("/v1/activations", {"workflow": "wf", "event_key": "e1", "content": {}}),
+            api.get("/readyz"),
+        ]
+        for status, body in answers:
+            assert status == 503 and body["type"].endswith("store-unavailable"), body
+            assert "volatile-lru" in body["detail"]
+        server.client().config_set("maxmemory-policy", "noeviction")
+        time.sleep(0.3)
+        assert api.get("/readyz")[0] == 200
+        assert api.begin("after", 1)["decision"] == "execute"
+    finally:
+        server.stop()
+
+
+def _accept_store(store_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", "accept-store", "--yes"],
+        env={**os.environ, "LOOPSTOP_STORE": store_url, "LOOPSTOP_SECRET": SECRET},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_redis_restarted_empty_is_refused_until_accepted(tmp_path: Path) -> None:
+    """A non-persistent Redis killed and restarted empty on its port: no
+    committed id executes again; every decision and /readyz are 503 until
+    `loopstop accept-store`, after which the worker serves again unrestarted."""
+    server = RedisServer(tmp_path / "redis").start()  # no AOF, no RDB: restarts empty
+    try:
+        app = create_app({"store": server.url}, environ={"LOOPSTOP_SECRET": SECRET})
+        api = Api(app.test_client(), token=None)
+        for i in range(10):
+            assert api.begin(f"op-{i}", {"i": i})["decision"] == "execute"
+            assert api.post(f"/v1/operations/op-{i}/commit", {"attempt": 1, "receipt": i})[0] == 200
+        server.stop("kill")
+        server.start()
+        for i in range(10):
+            status, body = api.post(f"/v1/operations/op-{i}/begin", {"payload": {"i": i}})
+            assert status == 503 and body["type"].endswith("store-unavailable"), body
+            assert "accept-store" in body["detail"]
+        assert api.get("/readyz")[0] == 503
+        assert api.get("/v1/operations/op-0")[0] == 503
+        assert server.client().dbsize() == 0  # nothing was written into the empty store
+        done = _accept_store(server.url)
+        assert done.returncode == 0, done.stderr
+        assert "accepted store" in done.stdout and "execute again" in done.stdout
+        assert api.get("/readyz")[0] == 200
+        assert api.begin("op-0", {"i": 0})["decision"] == "execute"  # what accepting means
+    finally:
+        server.stop()
+
+
+def test_replaced_database_is_refused_until_accepted(tmp_path: Path) -> None:
+    """A SQLite file swapped for another (an older copy, a fresh file): the
+    worker that saw the first store refuses the second until accepted."""
+    db = tmp_path / "loopstop.db"
+    url = f"sqlite:///{db}"
+    app = create_app({"store": url}, environ={"LOOPSTOP_SECRET": SECRET})
+    api = Api(app.test_client(), token=None)
+    assert api.begin("a")["decision"] == "execute"
+    other = tmp_path / "other.db"
+    create_app({"store": f"sqlite:///{other}"}, environ={"LOOPSTOP_SECRET": SECRET}).extensions[
+        "loopstop"
+    ].store.close()  # its last connection checkpoints the file
+    app.extensions["loopstop"].store.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    other.rename(db)
+    status, body = api.post("/v1/operations/a/begin", {"payload": {"x": 1}})
+    assert status == 503 and "accept-store" in body["detail"], body
+    assert str(tmp_path) not in body["detail"]
+    assert _accept_store(url).returncode == 0
+    assert api.begin("a")["decision"] == "execute"
+
+
+def test_hung_redis_fails_within_one_decision_timeout(tmp_path: Path) -> None:
+    """A SIGSTOPped redis-server: the first begin is a 503 after one bounded
+    timeout (store_timeout_s, default 2 s), not several stacked ones."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        app = create_app({"store": server.url}, environ={"LOOPSTOP_SECRET": SECRET})
+        api = Api(app.test_client(), token=None)
+        api.begin("warm")
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, body = api.post("/v1/operations/hung/begin", {"payload": 1})
+            elapsed = time.monotonic() - started
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert status == 503 and body["type"].endswith("store-unavailable"), body
+        assert 1.5 <= elapsed < 2.8, elapsed
+        assert f"{server.port}" not in body["detail"]
+    finally:
+        server.stop()
+
+
+def test_hung_postgres_fails_within_one_decision_timeout(tmp_path: Path) -> None:
+    """Every PostgreSQL process SIGSTOPped: a 503 at the decision's deadline, and
+    the store serves again once the server runs on (no sidecar restart)."""
+    server = PostgresServer().start()
+    try:
+        app = create_app(
+            {"store": server.url, "store_timeout_s": 1.0}, environ={"LOOPSTOP_SECRET": SECRET}
+        )
+        api = Api(app.test_client(), token=None)
+        api.begin("warm")
+        assert server.proc is not None
+        pids = [server.proc.pid, *_children(server.proc.pid)]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, body = api.post("/v1/operations/hung/begin", {"payload": 1})
+            elapsed = time.monotonic() - started
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        assert status == 503 and body["type"].endswith("store-unavailable"), body
+        assert 0.8 <= elapsed < 1.8, elapsed
+        assert f"{server.port}" not in body["detail"]
+        deadline = time.monotonic() + 10
+        while api.post("/v1/operations/hung/begin", {"payload": 1})[0] != 200:
+            assert time.monotonic() < deadline, "postgres did not come back"
+            time.sleep(0.1)
+        app.extensions["loopstop"].store.close()
+    finally:
+        server.cleanup()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_readyz_probes_a_write_and_names_no_path(tmp_path: Path) -> None:
+    """A SQLite database that cannot be written (read-only, as a read-only
+    mount or a full disk leave it) is not ready; the 503 names no path."""
+    db = tmp_path / "loopstop.db"
+    app = create_app({"store": f"sqlite:///{db}"}, environ={"LOOPSTOP_SECRET": SECRET})
+    api = Api(app.test_client(), token=None)
+    assert api.get("/readyz")[0] == 200
+    store = app.extensions["loopstop"].store
+    store._conn().execute("PRAGMA query_only = 1")  # SQLite's own read-only switch
+    status, body = api.get("/readyz")
+    assert status == 503 and body["type"].endswith("store-unavailable"), body
+    assert str(tmp_path) not in body["detail"] and "loopstop.db" not in body["detail"]
+    status, body = api.post("/v1/operations/x/begin", {"payload": 1})
+    assert status == 503 and str(tmp_path) not in body["detail"]
+
+
+def test_serve_on_postgres_creates_the_schema_and_refuses_a_newer_one(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """`loopstop serve` on an empty database creates the tables and stamps the
+    schema; on a schema newer than the server it refuses to start, saying why."""
+    import psycopg
+    from test_serve import Sidecar
+
+    from conftest import free_port
+    from sidecar.store.base import SCHEMA_VERSION
+
+    postgres_server.reset()
+    env = {"LOOPSTOP_STORE": postgres_server.url, "LOOPSTOP_SECRET": SECRET}
+    served = Sidecar(tmp_path, env, workers=1).start()
+    try:
+        assert requests.get(f"{served.base}/readyz", timeout=5).status_code == 200
+    finally:
+        served.stop()
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        meta = dict(conn.execute("SELECT key, value FROM loopstop_meta").fetchall())
+        assert meta["schema_version"] == str(SCHEMA_VERSION) and len(meta["store_id"]) == 32
+        conn.execute(
+            "UPDATE loopstop_meta SET value = %s WHERE key = 'schema_version'",
+            (str(SCHEMA_VERSION + 1),),
+        )
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{free_port()}"],
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"schema version {SCHEMA_VERSION + 1} is newer" in out.stderr

@@ -13,28 +13,46 @@ listings (the reconciliation queue). TTLs are retention only: the policy
 core checks every time limit itself against documents' own timestamps, so
 an expiry that is late by a sweep interval changes no decision.
 
-Method set (stated once, implemented by :mod:`.sqlite` and :mod:`.redis`):
-``transact``, ``get_many``, ``index_page``, ``index_count``, ``ping``,
-``ensure_schema``, ``close``.
+Method set (stated once, implemented by :mod:`.sqlite`, :mod:`.redis` and
+:mod:`.postgres`): ``transact``, ``get_many``, ``index_page``,
+``index_count``, ``ping``, ``ensure_schema``, ``close``.
+
+Every store carries an *identity*: a random id written once, when the store
+is initialised, beside the schema version. A store object that has seen it
+checks it on every transaction (inside the same round trip); a store found
+without it or with another one (a Redis restarted empty, a database
+swapped) is refused (503, not ready) until an operator accepts it with
+``loopstop accept-store``: an emptied ledger would let every committed
+write run again.
 """
 
 from __future__ import annotations
 
 import abc
 import json
+import logging
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import orjson
 
-from sidecar.errors import SchemaMismatch
+from sidecar.errors import SchemaMismatch, StoreUnavailable
+
+log = logging.getLogger("loopstop.store")
 
 T = TypeVar("T")
 Doc = dict[str, Any]
 
 #: The layout version this code reads and writes. Bump it with a migration.
 SCHEMA_VERSION = 1
+
+#: Meta entries every store keeps beside its documents.
+META_SCHEMA = "schema_version"
+META_ID = "store_id"
+#: The store id an operator accepted with ``loopstop accept-store``.
+META_ACCEPTED = "store_accepted"
 
 #: ``{from_version: migrate(store)}``: each step brings a store one version up.
 Migration = Callable[["Store"], None]
@@ -241,17 +259,103 @@ class Store(abc.ABC):
         """Check the store answers; return facts for ``/readyz`` (``warnings`` list)."""
 
     @abc.abstractmethod
-    def _read_schema_version(self) -> int | None:
-        """The stored layout version, None for an empty store."""
+    def _read_meta(self, name: str) -> str | None:
+        """A meta entry (schema version, identity), None when absent."""
 
     @abc.abstractmethod
+    def _write_meta(self, name: str, value: str, *, only_if_absent: bool = False) -> str:
+        """Set a meta entry; with ``only_if_absent`` keep an existing one.
+
+        :returns: the value stored afterwards (the existing one when kept).
+        """
+
+    def _read_schema_version(self) -> int | None:
+        """The stored layout version, None for an empty store."""
+        value = self._read_meta(META_SCHEMA)
+        return None if value is None else int(value)
+
     def _write_schema_version(self, version: int) -> None:
         """Record the layout version."""
+        self._write_meta(META_SCHEMA, str(version))
+
+    # -- identity ----------------------------------------------------------
+
+    #: The identity this object has seen (None before :meth:`ensure_schema`).
+    identity: str | None = None
+    #: Why the store is refused (its identity went missing or changed), or None.
+    identity_lost: str | None = None
+
+    def _identity_refused(self) -> StoreUnavailable:
+        return StoreUnavailable(
+            "the store lost its identity (emptied or replaced): refusing every "
+            "decision until an operator runs `loopstop accept-store`"
+        )
+
+    def _guard_identity(self) -> None:
+        """Raise while the store is refused; look again whether it was accepted.
+
+        :raises StoreUnavailable: while refused.
+        """
+        if self.identity_lost is None:
+            return
+        found, accepted = self._read_meta(META_ID), self._read_meta(META_ACCEPTED)
+        if found is not None and accepted == found:
+            log.warning("store %s accepted by an operator: serving again", found)
+            self.identity, self.identity_lost = found, None
+            return
+        raise self._identity_refused()
+
+    def _verify_identity(self, found: str | None) -> None:
+        """Compare the identity read inside a transaction with the one seen.
+
+        A different identity that an operator accepted is adopted; anything
+        else refuses the store (and every later call) until accepted.
+
+        :raises StoreUnavailable: when the store is not the one seen.
+        """
+        if self.identity is None or found == self.identity:
+            return
+        if found is not None and self._read_meta(META_ACCEPTED) == found:
+            log.warning("store %s accepted by an operator: serving again", found)
+            self.identity, self.identity_lost = found, None
+            return
+        self.identity_lost = "missing" if found is None else "changed"
+        log.error(
+            "store identity %s (seen %s): the store was emptied or replaced; every "
+            "decision is refused until `loopstop accept-store`",
+            self.identity_lost,
+            self.identity,
+        )
+        raise self._identity_refused()
+
+    def accept(self) -> tuple[str | None, str]:
+        """Accept the store as it is now (``loopstop accept-store``).
+
+        Stamps an empty store (schema and a new identity) and records its
+        identity as accepted, so running workers that refused it serve again.
+
+        :returns: ``(identity before, identity accepted)``.
+        """
+        before = self._read_meta(META_ID)
+        if self._read_schema_version() is None:
+            self._write_schema_version(SCHEMA_VERSION)
+        current = self._write_meta(META_ID, secrets.token_hex(16), only_if_absent=True)
+        self._write_meta(META_ACCEPTED, current)
+        return before, current
 
     def ensure_schema(
-        self, current: int = SCHEMA_VERSION, migrations: Mapping[int, Migration] | None = None
+        self,
+        current: int = SCHEMA_VERSION,
+        migrations: Mapping[int, Migration] | None = None,
+        *,
+        expected_identity: str | None = None,
     ) -> int:
         """Bring the store to ``current``: stamp a new one, migrate an older one.
+
+        Also reads the store's identity (writing one, once, into a store that
+        has none). With ``expected_identity`` (the identity the serving
+        master saw), a store that is empty or carries another identity is
+        not stamped: it is refused until accepted.
 
         :returns: the version found before (``current`` for a new store).
         :raises SchemaMismatch: when the store is newer than this server (a
@@ -260,8 +364,15 @@ class Store(abc.ABC):
         """
         steps = MIGRATIONS if migrations is None else migrations
         found = self._read_schema_version()
+        if expected_identity is not None:
+            self.identity = expected_identity
+            try:
+                self._verify_identity(self._read_meta(META_ID))
+            except StoreUnavailable:
+                return current if found is None else found  # refused, left as it is
         if found is None:
             self._write_schema_version(current)
+            self._adopt_identity()
             return current
         if found > current:
             raise SchemaMismatch(
@@ -283,7 +394,12 @@ class Store(abc.ABC):
             step(self)
             version += 1
             self._write_schema_version(version)
+        self._adopt_identity()
         return found
+
+    def _adopt_identity(self) -> None:
+        """Read the identity (writing one, once, when the store has none)."""
+        self.identity = self._write_meta(META_ID, secrets.token_hex(16), only_if_absent=True)
 
     def close(self) -> None:  # noqa: B027 - optional for backends without resources
         """Release connections."""

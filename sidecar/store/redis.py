@@ -27,6 +27,20 @@ the read, so still two. A guess that times out (a write pause during a
 failover blocks the script) is decided once more on a real read, so a
 replay is still answered while writes wait.
 
+Every transaction also compares the store's identity (``loopstop:store_id``)
+inside the same ``MGET`` or script, so a Redis restarted empty is refused
+at the next decision. Every ``policy_check_s`` seconds (and at start) the
+store reads ``maxmemory_policy`` from ``INFO memory``: anything but
+``noeviction`` could evict ledger records, so every call answers 503 until
+it is set back. A decision has one deadline (``timeout_s``): after a
+timeout nothing more is tried once it has passed. With ``wait_replicas``
+N > 0, a script that wrote answers only after ``WAIT`` saw N replicas take
+it (sent in the script's round trip); fewer is a 503.
+
+``redis+sentinel://host:port[,host:port]/<service>/<db>`` reaches the
+primary through redis-py's :class:`~redis.sentinel.Sentinel`, which asks
+the sentinels again after a failover.
+
 redis-py's own retries are off: a command that timed out may or may not
 have run, and a blind resend of a compare-and-set would misreport a
 reservation this client itself made. Such a failure is a 503; the caller's
@@ -35,22 +49,28 @@ retry then sees the true state.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from importlib import resources
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 from urllib.parse import parse_qs, urlparse
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from sidecar import metrics
 from sidecar.errors import StoreUnavailable
-from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
+from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
+
+log = logging.getLogger("loopstop.store")
 
 _CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
 
@@ -68,40 +88,132 @@ def _ttl_ms(ttl_s: float | None) -> str:
 
 
 class RedisStore(Store):
-    """The store on a Redis primary.
+    """The store on a Redis primary (directly, or found through Sentinel).
 
-    :param url: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS);
+    :param url: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS)
+        or ``redis+sentinel://[:password@]host:port[,host:port]/<service>/<db>``;
         query parameters ``socket_timeout_s`` and ``connect_timeout_s``.
     :param prefix: namespace of every key.
     :param max_retries: compare-and-set attempts before giving up (503).
+    :param timeout_s: the deadline of one call (a decision), seconds; the
+        socket timeout is never longer.
+    :param wait_replicas: replicas that must acknowledge every write before
+        it is answered (``WAIT``); 0 answers once the primary applied it.
+    :param policy_check_s: seconds between checks of ``maxmemory-policy``.
     :raises StoreUnavailable: never at construction (connections are lazy);
         from every method when Redis does not answer.
     """
 
     backend = "redis"
 
-    def __init__(self, url: str, *, prefix: str = "loopstop:", max_retries: int = 64) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "loopstop:",
+        max_retries: int = 64,
+        timeout_s: float = 2.0,
+        wait_replicas: int = 0,
+        policy_check_s: float = 5.0,
+    ) -> None:
         query = parse_qs(urlparse(url).query)
-        socket_timeout = float(query.pop("socket_timeout_s", ["2"])[0])
-        connect_timeout = float(query.pop("connect_timeout_s", ["1"])[0])
+        socket_timeout = min(float(query.pop("socket_timeout_s", [str(timeout_s)])[0]), timeout_s)
+        connect_timeout = min(float(query.pop("connect_timeout_s", ["1"])[0]), timeout_s)
         base = url.split("?", 1)[0]
         self.url_redacted = _redact(base)
-        self.client: redis.Redis = redis.Redis.from_url(
-            base,
-            decode_responses=True,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=30,
-        )
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "health_check_interval": 30,
+        }
+        if urlparse(base).scheme == "redis+sentinel":
+            hosts, service, db, password = parse_sentinel_url(base)
+            self.sentinel: Sentinel | None = Sentinel(  # type: ignore[no-untyped-call]
+                hosts,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+            )
+            self.client: redis.Redis = self.sentinel.master_for(  # type: ignore[no-untyped-call]
+                service, db=db, password=password, **options
+            )
+        else:
+            self.sentinel = None
+            self.client = redis.Redis.from_url(base, **options)
         self.prefix = prefix
         self.max_retries = max_retries
+        self.timeout_s = timeout_s
+        self.wait_replicas = wait_replicas
+        self.policy_check_s = policy_check_s
+        self._policy_at = -math.inf
+        self._policy_bad: str | None = None
         self._cas = self.client.register_script(_CAS)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The one place driver errors become :class:`StoreUnavailable`.
+
+        The answer names neither the URL nor the server's words (a caller
+        sees 503 and the error class); the operator log has both.
+        """
+        try:
+            yield
+        except redis.ResponseError as exc:
+            if "not a JSON object" in str(exc):  # the script refused a plan (as SQLite does)
+                raise RuntimeError(str(exc).rsplit(": ", 1)[0]) from exc
+            self._unavailable(exc)
+        except redis.RedisError as exc:
+            self._unavailable(exc)
+
+    def _unavailable(self, exc: redis.RedisError) -> NoReturn:
+        """Log ``exc`` for the operator and raise the 503 that names no URL."""
+        log.warning("redis store %s: %s: %s", self.url_redacted, type(exc).__name__, exc)
+        if self.sentinel is not None:
+            # The server may no longer be the primary (a failover the old
+            # one has not heard of yet: its writes reach no replica). Ask the
+            # sentinels now: a new address drops the idle connections, and
+            # connections to the old one as they come back to the pool.
+            pool = cast(Any, self.client.connection_pool)
+            with contextlib.suppress(redis.RedisError):
+                pool.get_master_address()
+            pool.disconnect(inuse_connections=False)
+        raise StoreUnavailable(f"redis store unavailable ({type(exc).__name__})") from exc
+
+    def _guard(self) -> None:
+        """Refuse while the identity is lost or the eviction policy is unsafe.
+
+        :raises StoreUnavailable: naming the policy when it is not ``noeviction``.
+        """
+        self._guard_identity()
+        now = time.monotonic()
+        if now - self._policy_at >= self.policy_check_s:
+            with self._errors():
+                policy = str(self.client.info("memory").get("maxmemory_policy", "noeviction"))
+            self._policy_at = now
+            if policy != "noeviction":
+                if self._policy_bad != policy:
+                    log.error(
+                        "redis store %s: maxmemory-policy is %s: ledger records could be "
+                        "evicted; refusing every decision until it is noeviction",
+                        self.url_redacted,
+                        policy,
+                    )
+                self._policy_bad = policy
+            else:
+                self._policy_bad = None
+        if self._policy_bad is not None:
+            raise StoreUnavailable(
+                f"redis maxmemory-policy is {self._policy_bad}, not noeviction: it could "
+                "evict committed records, so nothing is decided"
+            )
 
     def _k(self, key: str) -> str:
         return self.prefix + key
 
     def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+        self._guard()
+        deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         # What the next attempt starts from without reading: every declared
         # key absent (a guess, when asked for), or the values a failed
@@ -109,10 +221,13 @@ class RedisStore(Store):
         seed: dict[str, str | None] | None = dict.fromkeys(declared) if absent_likely else None
         guessing = absent_likely
         conflicts = 0
-        try:
+        with self._errors():
             for _attempt in range(self.max_retries):
+                if time.monotonic() >= deadline:
+                    raise redis.TimeoutError(f"no decision within {self.timeout_s} s")
                 reads = _Reads(self, seed, guessing)
                 reads.load(declared)
+                reads.check_identity()
                 plan = _decide(fn, reads)
                 if plan is None:  # not to be decided on a guess: read what is stored
                     seed, guessing = None, False
@@ -121,10 +236,13 @@ class RedisStore(Store):
                 if quiet and not guessing and reads.snapshots <= 1:
                     return plan.committed()  # read at one instant: consistent as it is
                 try:
-                    current = self._compare_and_set(reads.raw, plan)
+                    current = self._compare_and_set(reads.raw, plan, deadline)
                 except redis.TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise  # one deadline per decision: no second wait stacks on it
                     # The script may have run: if every write is in place, it did.
                     if self._landed(plan):
+                        self._wait_for_replicas(deadline)
                         return plan.committed()
                     if not guessing:
                         raise
@@ -137,6 +255,8 @@ class RedisStore(Store):
                 if current is None:
                     return plan.committed()
                 seed = current
+                if seed.get(META_ID) != self.identity:
+                    self._verify_identity(seed.get(META_ID))
                 if guessing:
                     guessing = False  # a wrong guess costs no extra round trip
                     continue
@@ -147,12 +267,28 @@ class RedisStore(Store):
                     # sleep are stale by the sleep and would lose again.
                     time.sleep(random.uniform(0, min(0.05, 0.001 * 2**conflicts)))
                     seed = None
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
         raise StoreUnavailable(
-            f"redis store {self.url_redacted}: gave up after {self.max_retries} "
-            "concurrent changes to the same keys"
+            f"redis store: gave up after {self.max_retries} concurrent changes to the same keys"
         )
+
+    def _wait_for_replicas(self, deadline: float) -> None:
+        """``WAIT`` for ``wait_replicas`` acknowledgements (a separate round trip).
+
+        :raises redis.ResponseError: too few replicas took the write in time.
+        """
+        if self.wait_replicas <= 0:
+            return
+        acked = int(self.client.wait(self.wait_replicas, self._wait_ms(deadline)))
+        self._check_acked(acked)
+
+    def _wait_ms(self, deadline: float) -> int:
+        return max(1, int((deadline - time.monotonic()) * 1000) - 100)
+
+    def _check_acked(self, acked: int) -> None:
+        if acked < self.wait_replicas:
+            raise redis.ResponseError(
+                f"WAIT: {acked} of {self.wait_replicas} replica(s) acknowledged the write"
+            )
 
     @staticmethod
     def _serialized(plan: Plan[Any]) -> dict[str, str | None]:
@@ -174,7 +310,7 @@ class RedisStore(Store):
         return all(v == planned[k] for k, v in zip(planned, now, strict=True))
 
     def _compare_and_set(
-        self, raw: dict[str, str | None], plan: Plan[Any]
+        self, raw: dict[str, str | None], plan: Plan[Any], deadline: float
     ) -> dict[str, str | None] | None:
         """Run ``cas.lua``: None when the plan was applied; otherwise nothing
         was written and the answer is the current raw value of every compared
@@ -211,32 +347,56 @@ class RedisStore(Store):
             for i, inc in enumerate(plan.increments.values())
         ]
         metrics.STORE_ROUND_TRIPS.inc()
-        result = self._cas(
-            keys=[self._k(k) for k in [*doc_keys, *index_keys, *incr_keys]],
-            args=[
-                len(doc_keys),
-                *[raw[k] or "" for k in doc_keys],
-                json.dumps(
-                    {"w": writes, "x": index_ops, "t": trims, "i": increments},
-                    separators=(",", ":"),
-                ),
-                *values,
-            ],
-        )
+        script_keys = [self._k(k) for k in [*doc_keys, *index_keys, *incr_keys]]
+        script_args: list[Any] = [
+            len(doc_keys),
+            *[raw[k] or "" for k in doc_keys],
+            json.dumps(
+                {"w": writes, "x": index_ops, "t": trims, "i": increments},
+                separators=(",", ":"),
+            ),
+            *values,
+        ]
+        if self.wait_replicas > 0:
+            result = self._cas_and_wait(script_keys, script_args, deadline)
+        else:
+            result = self._cas(keys=script_keys, args=script_args)
         if result == 1:
             return None
         now = cast(list[str | None], result)[1:]
         return dict(zip(doc_keys, now, strict=True))
 
+    def _cas_and_wait(self, keys: list[str], args: list[Any], deadline: float) -> Any:
+        """The script and ``WAIT`` in one round trip (a pipeline).
+
+        A script that wrote nothing (a conflict) makes the ``WAIT`` moot.
+        """
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(self._cas.sha, len(keys), *keys, *args)
+            pipe.wait(self.wait_replicas, self._wait_ms(deadline))
+            result, acked = pipe.execute(raise_on_error=False)
+            if isinstance(result, redis.exceptions.NoScriptError):
+                self.client.script_load(_CAS)  # the script never ran: load it, send again
+                continue
+            if isinstance(result, Exception):
+                raise result
+            if result == 1:
+                if isinstance(acked, Exception):
+                    raise acked
+                self._check_acked(int(acked))
+            return result
+        raise redis.ResponseError("the compare-and-set script could not be loaded")
+
     def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
+        self._guard()
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
-        try:
-            values = self.client.mget([self._k(k) for k in unique])
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
-        pairs = zip(unique, values, strict=True)
+        with self._errors():
+            values = self.client.mget([self._k(k) for k in [*unique, META_ID]])
+        self._verify_identity(cast(str | None, values[-1]))
+        pairs = zip(unique, values[:-1], strict=True)
         return {k: None if v is None else json.loads(v) for k, v in pairs}
 
     def index_page(
@@ -252,10 +412,11 @@ class RedisStore(Store):
         if after is not None and (math.isinf(min_score) or after[0] >= min_score):
             lo = repr(float(after[0]))
         hi = "+inf" if math.isinf(max_score) else repr(max_score)
+        self._guard()
         out: list[tuple[str, float]] = []
         offset = 0
         batch = max(limit, 50)
-        try:
+        with self._errors():
             while len(out) < limit:
                 rows = cast(
                     list[tuple[str, float]],
@@ -278,8 +439,6 @@ class RedisStore(Store):
                 if len(rows) < batch:
                     break
                 offset += batch
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
         return out
 
     def index_count(
@@ -287,21 +446,25 @@ class RedisStore(Store):
     ) -> int:
         lo = "-inf" if math.isinf(min_score) else repr(min_score)
         hi = "+inf" if math.isinf(max_score) else repr(max_score)
-        try:
+        self._guard()
+        with self._errors():
             return int(self.client.zcount(self._k(index), lo, hi))
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
 
     def ping(self) -> dict[str, Any]:
-        try:
-            self.client.ping()
-            info = self.client.info("persistence")
+        """Probe a write, the identity, the eviction policy and persistence."""
+        self._policy_at = -math.inf  # readiness always looks afresh
+        self._guard()
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(self._k("ready_probe"), repr(time.time()))
+            pipe.get(self._k(META_ID))
+            pipe.info("persistence")
+            _, found, info = pipe.execute()
             try:
                 save = self.client.config_get("save").get("save", "")
             except redis.ResponseError:  # CONFIG disabled (managed Redis)
                 save = None
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+        self._verify_identity(found)
         aof = bool(int(info.get("aof_enabled", 0)))
         rdb = bool(save) if save is not None else None
         warnings = []
@@ -314,24 +477,40 @@ class RedisStore(Store):
             warnings.append("redis AOF is off: a crash can lose the last writes (RDB only)")
         return {
             "backend": self.backend,
-            "url": self.url_redacted,
             "aof_enabled": aof,
             "rdb_enabled": rdb,
+            "wait_replicas": self.wait_replicas,
             "warnings": warnings,
         }
 
-    def _read_schema_version(self) -> int | None:
-        try:
-            value = self.client.get(self._k("schema_version"))
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
-        return None if value is None else int(value)
+    def _read_meta(self, name: str) -> str | None:
+        with self._errors():
+            value = self.client.get(self._k(name))
+        return None if value is None else str(value)
 
-    def _write_schema_version(self, version: int) -> None:
+    def _write_meta(self, name: str, value: str, *, only_if_absent: bool = False) -> str:
+        with self._errors():
+            if only_if_absent:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.set(self._k(name), value, nx=True)
+                pipe.get(self._k(name))
+                stored = pipe.execute()[1]
+            else:
+                self.client.set(self._k(name), value)
+                stored = value
+            if self.wait_replicas > 0:
+                self.client.wait(self.wait_replicas, int(self.timeout_s * 1000))
+        return str(stored)
+
+    def ensure_schema(self, *args: Any, **kwargs: Any) -> int:
+        """As :meth:`Store.ensure_schema`; also reads the eviction policy first."""
+        self._policy_at = -math.inf
         try:
-            self.client.set(self._k("schema_version"), str(version))
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis store {self.url_redacted}: {exc}") from exc
+            self._guard()
+        except StoreUnavailable:
+            if self._policy_bad is None:
+                raise  # not reachable: the server cannot start on it
+        return super().ensure_schema(*args, **kwargs)
 
     def close(self) -> None:
         self.client.close()
@@ -370,17 +549,32 @@ class _Reads:
         self.raw: dict[str, str | None] = {}
         self.docs: dict[str, Doc | None] = {}
         self.snapshots = 0
+        # The identity is compared like a document: read with the first
+        # MGET, or (on a guess) taken as the one seen, which the
+        # compare-and-set then checks.
+        self._identity_pending = store.identity is not None and seed is None
         if seed is not None:
             self.snapshots = 0 if guessing else 1
             self._keep(list(seed), list(seed.values()))
+            if store.identity is not None and META_ID not in self.raw:
+                self.raw[META_ID] = store.identity
+
+    def check_identity(self) -> None:
+        """Refuse a store whose identity is not the one seen (read with the documents)."""
+        if self.store.identity is not None and self.raw.get(META_ID) != self.store.identity:
+            self.store._verify_identity(self.raw.get(META_ID))
 
     def _keep(self, keys: list[str], values: list[str | None]) -> None:
         for k, v in zip(keys, values, strict=True):
             self.raw[k] = v
-            self.docs[k] = None if v is None else json.loads(v)
+            if k != META_ID:
+                self.docs[k] = None if v is None else json.loads(v)
 
     def load(self, keys: list[str]) -> None:
         fresh = [k for k in keys if k not in self.raw]
+        if self._identity_pending:
+            self._identity_pending = False
+            fresh.append(META_ID)
         if not fresh:
             return
         if self.guessing:
@@ -392,11 +586,37 @@ class _Reads:
         self._keep(fresh, values)
 
 
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:
+    """``redis+sentinel://[:pw@]h:p[,h:p]/<service>/<db>`` -> (hosts, service, db, password).
+
+    :raises ValueError: a missing host, port, service or a bad db number.
+    """
+    rest = url.split("://", 1)[1]
+    netloc, _, path = rest.partition("/")
+    password = None
+    if "@" in netloc:
+        auth, netloc = netloc.rsplit("@", 1)
+        password = auth.partition(":")[2] or None
+    hosts: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"sentinel address {part!r} is not host:port")
+        hosts.append((host.strip("[]"), int(port)))
+    service, _, db = path.strip("/").partition("/")
+    if not service:
+        raise ValueError("the URL names no service (redis+sentinel://host:port/<service>/<db>)")
+    if db and not db.isdigit():
+        raise ValueError(f"db {db!r} is not a number")
+    return hosts, service, int(db or 0), password
+
+
 def _redact(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.password:
-        netloc = f"{parsed.username or ''}:***@{parsed.hostname}"
-        if parsed.port:
-            netloc += f":{parsed.port}"
-        return parsed._replace(netloc=netloc).geturl()
-    return url
+    """The URL without its password (for the operator log)."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        auth, host = netloc.rsplit("@", 1)
+        user, colon, _password = auth.partition(":")
+        netloc = f"{user}:***@{host}" if colon else netloc
+    return f"{scheme}{sep}{netloc}{slash}{path}"

@@ -4,7 +4,7 @@ Layout (schema version 1)::
 
     kv   (key TEXT PRIMARY KEY, doc TEXT JSON, expires_at REAL epoch s | NULL)
     idx  (name TEXT, member TEXT, score REAL, PRIMARY KEY (name, member))
-    meta (key TEXT PRIMARY KEY, value TEXT)          -- 'schema_version'
+    meta (key TEXT PRIMARY KEY, value TEXT)  -- schema_version, store_id, store_accepted
 
 Each transaction takes SQLite's write lock up front (``BEGIN IMMEDIATE``),
 so transactions from every thread and every gunicorn worker process are
@@ -21,6 +21,7 @@ that runs inside every ``sweep_every``-th transaction.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -32,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.errors import StoreUnavailable
-from sidecar.store.base import Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
+from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
+
+log = logging.getLogger("loopstop.store")
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -109,19 +112,30 @@ class SQLiteStore(Store):
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
+        """The one place driver errors become :class:`StoreUnavailable`.
+
+        The answer names neither the file nor the driver's words (a caller
+        sees 503 and the error class); the operator log has both.
+        """
         try:
             yield
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
+            log.warning("sqlite store %s: %s", self.path, exc)
+            raise StoreUnavailable(
+                f"sqlite store unavailable ({type(exc).__name__})"
+            ) from exc
 
     # -- interface ---------------------------------------------------------
 
     def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
         del absent_likely  # one local read inside the write lock: nothing to save
+        self._guard_identity()
         with self._errors():
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if self.identity is not None:
+                    self._verify_identity(_meta(conn, META_ID))
                 now = self.clock()
                 docs: dict[str, Doc | None] = {}
 
@@ -142,8 +156,12 @@ class SQLiteStore(Store):
         return plan.committed()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
+        self._guard_identity()
         with self._errors():
-            return self._select(self._conn(), list(dict.fromkeys(keys)), self.clock())
+            conn = self._conn()
+            if self.identity is not None:
+                self._verify_identity(_meta(conn, META_ID))
+            return self._select(conn, list(dict.fromkeys(keys)), self.clock())
 
     def index_page(
         self,
@@ -183,27 +201,43 @@ class SQLiteStore(Store):
         return int(row[0])
 
     def ping(self) -> dict[str, Any]:
+        """Probe a write (a read-only file or a full disk is not ready) and the identity."""
+        self._guard_identity()
         with self._errors():
-            mode = self._conn().execute("PRAGMA journal_mode").fetchone()[0]
+            conn = self._conn()
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if self.identity is not None:
+                    self._verify_identity(_meta(conn, META_ID))
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('ready_probe', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (repr(self.clock()),),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
         warnings = [] if mode == "wal" else [f"journal_mode is {mode}, not wal"]
-        return {"backend": self.backend, "path": str(self.path), "warnings": warnings}
+        return {"backend": self.backend, "warnings": warnings}
 
-    def _read_schema_version(self) -> int | None:
+    def _read_meta(self, name: str) -> str | None:
         with self._errors():
-            row = (
-                self._conn()
-                .execute("SELECT value FROM meta WHERE key = 'schema_version'")
-                .fetchone()
-            )
-        return None if row is None else int(row[0])
+            return _meta(self._conn(), name)
 
-    def _write_schema_version(self, version: int) -> None:
+    def _write_meta(self, name: str, value: str, *, only_if_absent: bool = False) -> str:
+        conflict = "NOTHING" if only_if_absent else "UPDATE SET value = excluded.value"
         with self._errors():
-            self._conn().execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(version),),
+            conn = self._conn()
+            conn.execute(
+                f"INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO {conflict}",
+                (name, value),
             )
+            stored = _meta(conn, name)
+        assert stored is not None
+        return stored
 
     def sweep(self, limit: int = SWEEP_BATCH) -> int:
         """Delete up to ``limit`` expired documents now; returns how many went.
@@ -298,6 +332,11 @@ class SQLiteStore(Store):
             (now, limit),
         )
         return cur.rowcount
+
+
+def _meta(conn: sqlite3.Connection, name: str) -> str | None:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (name,)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _put(conn: sqlite3.Connection, key: str, doc: Doc, expires_at: float | None) -> None:
