@@ -175,12 +175,28 @@ class TasksConfig(_Section):
     retention_s: Seconds = 604_800
 
 
+class ModelPrice(_Section):
+    """A model's price per million tokens, in ``model_gate.currency``."""
+
+    input_per_mtok: Annotated[float, Field(ge=0, le=1_000_000)]
+    output_per_mtok: Annotated[float, Field(ge=0, le=1_000_000)]
+
+
 class ModelGateConfig(_Section):
+    """The model gate (DESIGN §5): the real model behind it, and what its tokens cost.
+
+    ``max_output_tokens`` is the output a turn is assumed to allow when its
+    request names no limit (the worst case a money budget reserves).
+    """
+
     upstream_url: str | None = None
     api_key_env: str | None = None
     default_model: str | None = None
     timeout_s: Seconds = 60
     allow_untracked: bool = False
+    currency: Annotated[str, Field(min_length=1, max_length=10)] = "USD"
+    prices: dict[str, ModelPrice] = {}
+    max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = 4096
 
 
 class N8nConfig(_Section):

@@ -682,3 +682,98 @@ def test_streams_are_relayed_under_gunicorn(
         assert used_now["task"]["used"]["tokens"] == 10
     finally:
         server.stop()
+
+
+# -- money (DESIGN §3 max_cost, §5): reserve the worst case, settle the real cost -------
+
+#: 1 currency unit per output token, input free: a turn's cost is its output tokens.
+PRICED = {"prices": {"fake-model": {"input_per_mtok": 0, "output_per_mtok": 1_000_000}}}
+
+
+def _money_body(which: str) -> dict[str, Any]:
+    # Each turn allows at most 5 output tokens: its reservation is 5.
+    return {"max_tokens": 5} if which == "chat" else {"max_output_tokens": 5}
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_a_money_budget_ends_the_task_before_a_turn_could_pass_it(
+    make_app: AppFactory, llm: FakeLLM, which: str
+) -> None:
+    """Reported usage costs 3 a turn and each turn reserves 5: with max_cost 10 the
+    third turn (6 spent + 5 reserved) is refused without calling the upstream."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 10})
+    llm.mode = "final"
+    for _ in range(2):
+        status, out = turn(api, which, a.id, **_money_body(which))
+        assert status == 200 and text_of(which, out) == "FINAL answer"
+    status, out = turn(api, which, a.id, **_money_body(which))
+    assert status == 200 and "partial (cost_budget)" in text_of(which, out)
+    assert len(llm.requests) == 2
+    task = api.get(f"/v1/tasks/{a.id}")[1]
+    assert task["envelope"]["reason"] == "cost_budget"
+    assert task["task"]["used"]["cost"] == 6.0 and task["task"]["used"]["tokens"] == 20
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_a_turn_without_usage_is_charged_its_reservation(
+    make_app: AppFactory, llm: FakeLLM, which: str
+) -> None:
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 12})
+    llm.mode = "no_usage"
+    for _ in range(2):
+        assert turn(api, which, a.id, **_money_body(which))[0] == 200
+    assert used(api, a.id)["cost"] == 10.0  # never free: the worst case of each turn
+    status, out = turn(api, which, a.id, **_money_body(which))
+    assert "partial (cost_budget)" in text_of(which, out) and len(llm.requests) == 2
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_an_upstream_error_costs_no_money_but_counts_the_turn(
+    make_app: AppFactory, llm: FakeLLM, which: str
+) -> None:
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 10})
+    llm.mode = "429"
+    status, _ = turn(api, which, a.id, **_money_body(which))
+    assert status == 429
+    spent = used(api, a.id)
+    assert (spent["cost"], spent["model_calls"]) == (0.0, 1)
+    llm.mode = "final"
+    assert text_of(which, turn(api, which, a.id, **_money_body(which))[1]) == "FINAL answer"
+
+
+def test_an_unpriced_model_is_refused_when_the_task_has_a_money_budget(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 10})
+    status, out = turn(api, "chat", a.id, model="unpriced-model")
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "model"]
+    assert llm.requests == [] and used(api, a.id)["model_calls"] == 0
+    b = Agent(api)  # no money budget: an unpriced model is counted in tokens only
+    llm.mode = "final"
+    assert turn(api, "chat", b.id, model="unpriced-model")[0] == 200
+
+
+def test_concurrent_turns_of_one_task_never_overspend(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """Eight turns at once, each reserving 5 against max_cost 12: at most two are
+    forwarded, and what was settled never passes the budget."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    app = gate_app(make_app, llm, model_gate=PRICED)
+    api = Api(app.test_client())
+    a = Agent(api, limits={"max_cost": 12})
+    llm.mode = "slow"
+
+    def one(_: int) -> int:
+        return Api(app.test_client()).post(*build("chat", a.id, max_tokens=5))[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(one, range(8)))
+    assert set(statuses) <= {200, 504}
+    assert len(llm.requests) <= 2
+    assert used(api, a.id)["cost"] <= 12

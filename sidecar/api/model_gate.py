@@ -37,6 +37,7 @@ def _log(record: TurnRecord) -> None:
         stream=record.stream,
         tokens=record.tokens,
         usage=record.usage,
+        cost=record.cost,
         execution_id=record.execution,
         upstream_status=record.upstream_status,
         tool_calls=[{"tool": t, "decision": d, "reason": r} for t, d, r in record.tool_calls]

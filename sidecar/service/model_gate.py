@@ -45,6 +45,7 @@ import sseclient
 
 from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig, Settings
+from sidecar.core import cost
 from sidecar.core.tasks import (
     CallKind,
     CallStatus,
@@ -59,6 +60,7 @@ from sidecar.errors import (
     MalformedRequest,
     NotFound,
     StateConflict,
+    ValidationFailed,
 )
 from sidecar.service import keys
 from sidecar.service.messages import WRAP_UP_MESSAGE, final_message
@@ -514,6 +516,7 @@ class TurnRecord:
     usage: str = "none"
     tool_calls: list[tuple[str, str, str | None]] = field(default_factory=list)
     upstream_status: int | None = None
+    cost: float | None = None
 
 
 @dataclass
@@ -542,6 +545,8 @@ class _Turn:
     record: TurnRecord
     ns: str | None = None
     task_id: str | None = None
+    price: cost.Price | None = None
+    reserved: float = 0.0
 
 
 class ModelGate:
@@ -805,7 +810,16 @@ class ModelGate:
         if turn.task_id is None or turn.ns is None:
             return self._forward(turn, body)
         self._record_outputs(turn, task)
-        task, outcome = self.tasks.model_call(principal, turn.ns, turn.task_id, None)
+        reserve = self._reservation(turn, task)
+        task, outcome = self.tasks.model_call(
+            principal,
+            turn.ns,
+            turn.task_id,
+            None,
+            reserve_cost=reserve,
+            execution_id=lines.execution,
+        )
+        turn.reserved = (reserve or 0.0) if outcome.admitted else 0.0
         if not outcome.admitted:
             record.decision = "deny"
             record.reason = None if outcome.reason is None else str(outcome.reason)
@@ -841,10 +855,50 @@ class ModelGate:
             return GateAnswer(turn.record, events=final_response_stream(task, turn.model, text))
         return GateAnswer(turn.record, body=final_response(task, turn.model, text))
 
-    def _count(self, turn: _Turn, tokens: int, how: str) -> None:
-        turn.record.tokens, turn.record.usage = tokens, how
-        if tokens and turn.ns is not None and turn.task_id is not None:
-            self.tasks.record_tokens(turn.principal, turn.ns, turn.task_id, tokens)
+    def _reservation(self, turn: _Turn, task: Task | None) -> float | None:
+        """The turn's worst-case cost at its model's price (None: the model has no price).
+
+        :raises ValidationFailed: the model has no price and the task has a
+            money budget (a turn nobody can price is never a free pass).
+        """
+        found = self.config.prices.get(turn.model)
+        if found is None:
+            if task is None and turn.ns is not None and turn.task_id is not None:
+                task = self.tasks.get(turn.principal, turn.ns, turn.task_id)
+            if task is not None and task.envelope is None and task.limits.max_cost is not None:
+                raise ValidationFailed(
+                    [
+                        {
+                            "loc": ["body", "model"],
+                            "msg": f"model {turn.model!r} has no price in model_gate.prices, "
+                            "and the task has a money budget (max_cost)",
+                        }
+                    ]
+                )
+            return None
+        turn.price = cost.Price(found.input_per_mtok, found.output_per_mtok)
+        limit = cost.max_output_tokens(turn.body, self.config.max_output_tokens)
+        return cost.worst_case(turn.price, estimate_tokens(turn.body, 0), limit)
+
+    def _count(self, turn: _Turn, usage: Any, estimate: int, *, answered: bool = True) -> None:
+        """Count a turn once it is over: its tokens (the reported usage, else
+        ``estimate``) and, for a priced model, settle its reservation with
+        what it cost (:func:`sidecar.core.cost.settled_cost`)."""
+        reported = usage_tokens(turn.api, usage)
+        tokens = estimate if reported is None else reported
+        turn.record.tokens = tokens
+        turn.record.usage = "estimated" if reported is None else "reported"
+        if turn.ns is None or turn.task_id is None:
+            return
+        if turn.price is None:
+            if tokens:
+                self.tasks.record_tokens(turn.principal, turn.ns, turn.task_id, tokens)
+            return
+        spent = cost.settled_cost(turn.price, turn.reserved, usage, answered=answered)
+        turn.record.cost = spent
+        self.tasks.settle_model_call(
+            turn.principal, turn.ns, turn.task_id, turn.reserved, spent, tokens
+        )
 
     def _payload(self, turn: _Turn, body: dict[str, Any]) -> dict[str, Any]:
         payload = dict(body)
@@ -866,14 +920,14 @@ class ModelGate:
             turn.record.decision, turn.record.reason = "upstream_error", str(exc.status)
             exc.record = turn.record
             # The turn was admitted: the request counts, whatever the upstream did.
-            self._count(turn, estimate_tokens(payload, 0), "estimated")
+            self._count(turn, None, estimate_tokens(payload, 0), answered=False)
             raise
         turn.record.upstream_status = resp.status_code
         if turn.stream:
             ctype = resp.headers.get("Content-Type", "")
             if not ctype.startswith("text/event-stream"):
                 resp.close()
-                self._count(turn, estimate_tokens(payload, 0), "estimated")
+                self._count(turn, None, estimate_tokens(payload, 0))
                 raise self._bad_upstream(
                     turn, "the upstream model answered a stream request without a stream"
                 )
@@ -886,16 +940,12 @@ class ModelGate:
         if not isinstance(answer, dict) or (
             "output" not in answer if turn.api is Api.RESPONSES else "choices" not in answer
         ):
-            self._count(turn, estimate_tokens(payload, len(resp.content)), "estimated")
+            self._count(turn, None, estimate_tokens(payload, len(resp.content)))
             shape = "a Response" if turn.api is Api.RESPONSES else "a chat completion"
             raise self._bad_upstream(
                 turn, f"the upstream model answered something that is not {shape}"
             )
-        tokens = usage_tokens(turn.api, answer.get("usage"))
-        if tokens is None:
-            self._count(turn, estimate_tokens(payload, len(resp.content)), "estimated")
-        else:
-            self._count(turn, tokens, "reported")
+        self._count(turn, answer.get("usage"), estimate_tokens(payload, len(resp.content)))
         denied = self._admit_calls(turn, proposals(turn.api, answer))
         if denied is None:
             return GateAnswer(turn.record, body=answer)
@@ -985,16 +1035,12 @@ class _Relay:
                 f"the upstream model's stream broke ({type(exc).__name__})", "upstream_stream_cut"
             ) from None
 
-    def count(self, tokens: int | None) -> None:
+    def count(self, usage: Any) -> None:
+        """Count the turn once: ``usage`` as the stream reported it (None: it did not)."""
         if self.counted:
             return
         self.counted = True
-        if tokens is None:
-            self.gate._count(
-                self.turn, estimate_tokens(self.payload, self.output_chars), "estimated"
-            )
-        else:
-            self.gate._count(self.turn, tokens, "reported")
+        self.gate._count(self.turn, usage, estimate_tokens(self.payload, self.output_chars))
 
     def error_event(self, cut: _Cut) -> bytes:
         """An error the OpenAI client raises mid-stream (an event with an ``error`` member)."""
@@ -1058,7 +1104,7 @@ class _ResponsesRelay(_Relay):
                         "the upstream model sent an unreadable final event",
                         "bad_upstream_response",
                     )
-                self.count(usage_tokens(Api.RESPONSES, response.get("usage")))
+                self.count(response.get("usage"))
                 yield from self._finish(event, data, response, held, last_seq)
                 return
             item = data.get("item")
@@ -1165,7 +1211,7 @@ class _ChatRelay(_Relay):
             raise _Cut(
                 "the upstream model's stream ended before its last chunk", "upstream_stream_cut"
             )
-        self.count(usage_tokens(Api.CHAT, usage))
+        self.count(usage)
         calls = [
             Proposal(str(p.get("id") or ""), str(p.get("name") or ""), _args(p["args"]))
             for _, p in sorted(parts.items())

@@ -170,6 +170,7 @@ _SWEEP = (
     "WHERE expires_at IS NOT NULL AND expires_at <= %s LIMIT %s)"
 )
 
+
 class _Conflict(Exception):
     """A document changed between its read and the commit (nothing was written).
 
@@ -449,9 +450,7 @@ class PostgresStore(Store):
                         conn.execute("BEGIN")
                     if exclusive or shared:
                         conn.execute(_LOCKS, {"c": LOCK_CLASS, "x": exclusive, "s": shared})
-                    conn.execute(
-                        _CHECK, (compared, [raw[k] for k in compared], now, self.identity)
-                    )
+                    conn.execute(_CHECK, (compared, [raw[k] for k in compared], now, self.identity))
                 self._apply(conn, plan, now)
                 conn.execute("COMMIT")
         except psycopg.Error as exc:
@@ -548,8 +547,7 @@ class PostgresStore(Store):
     ) -> list[tuple[str, float]]:
         self._guard_identity()
         sql = (
-            "SELECT member, score FROM loopstop_idx "
-            "WHERE name = %s AND score >= %s AND score <= %s"
+            "SELECT member, score FROM loopstop_idx WHERE name = %s AND score >= %s AND score <= %s"
         )
         args: list[Any] = [index, min_score, max_score]
         if after is not None:

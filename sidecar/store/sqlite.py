@@ -121,9 +121,7 @@ class SQLiteStore(Store):
             yield
         except sqlite3.Error as exc:
             log.warning("sqlite store %s: %s", self.path, exc)
-            raise StoreUnavailable(
-                f"sqlite store unavailable ({type(exc).__name__})"
-            ) from exc
+            raise StoreUnavailable(f"sqlite store unavailable ({type(exc).__name__})") from exc
 
     # -- interface ---------------------------------------------------------
 

@@ -49,6 +49,7 @@ TOKEN = "e2e-gate-token-0123456789"
 MAX_SAME_CALL = 2
 MAX_MODEL_CALLS = 3
 MAX_TOKENS = 15  # the fake upstream reports 10 tokens a turn: the third turn is refused
+MAX_COST = 10  # a turn reserves 5 and costs 3 (see the prices below): the third is refused
 FINAL = "[loopstop] This task has ended: "
 CHAT_WEBHOOK_ID = "5c0b7e0e-6a57-4f7e-9d1e-3c1f2a9b8d01"
 
@@ -229,10 +230,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             f"    limits: {{max_model_calls: {MAX_MODEL_CALLS}, max_same_call: 50, max_idle: 50}}\n"
             "  token-budget:\n"
             f"    limits: {{max_tokens: {MAX_TOKENS}, max_same_call: 50, max_idle: 50}}\n"
+            "  money-budget:\n"
+            f"    limits: {{max_cost: {MAX_COST}, max_same_call: 50, max_idle: 50}}\n"
             "model_gate:\n"
             f"  upstream_url: {llm.base}\n"
             "  api_key_env: E2E_UPSTREAM_KEY\n"
             "  timeout_s: 20\n"
+            # 1 unit per output token, at most 5 a turn: a turn reserves 5, costs 3.
+            "  max_output_tokens: 5\n"
+            "  prices: {gpt-5-mini: {input_per_mtok: 0, output_per_mtok: 1000000},\n"
+            "           gpt-4.1-mini: {input_per_mtok: 0, output_per_mtok: 1000000}}\n"
         )
         sidecar = Sidecar(
             work,
@@ -424,13 +431,18 @@ def test_the_responses_api_switched_off(stack: Stack) -> None:
 
 @pytest.mark.parametrize(
     ("policy", "reason", "upstream_turns"),
-    [("model-budget", "model_budget", MAX_MODEL_CALLS), ("token-budget", "token_budget", 2)],
+    [
+        ("model-budget", "model_budget", MAX_MODEL_CALLS),
+        ("token-budget", "token_budget", 2),
+        ("money-budget", "cost_budget", 2),
+    ],
 )
 def test_a_budget_ends_a_looping_agent_at_its_limit(
     stack: Stack, policy: str, reason: str, upstream_turns: int
 ) -> None:
     """The model repeats one call forever (identical calls allowed by the policy): the
-    model budget (3 turns) or the token budget (15 tokens: 10 a turn) ends it."""
+    model budget (3 turns), the token budget (15 tokens: 10 a turn) or the money
+    budget (10: each turn reserves 5 and costs 3, so the third would pass it) ends it."""
     stack.llm.mode = "tool_call"
     wid = "lsGateBudget0001"
     ticket = f"B-{policy}"
@@ -450,6 +462,8 @@ def test_a_budget_ends_a_looping_agent_at_its_limit(
     assert (task["envelope"]["status"], task["envelope"]["reason"]) == ("partial", reason)
     if reason == "token_budget":
         assert task["task"]["used"]["tokens"] == 10 * upstream_turns
+    if reason == "cost_budget":
+        assert task["task"]["used"]["cost"] == 3.0 * upstream_turns
 
 
 def test_the_credential_test_fails_without_an_upstream(stack: Stack, tmp_path: Path) -> None:
