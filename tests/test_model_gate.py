@@ -726,7 +726,7 @@ def test_a_turn_without_usage_is_charged_its_reservation(
         assert turn(api, which, a.id, **_money_body(which))[0] == 200
     assert used(api, a.id)["cost"] == 10.0  # never free: the worst case of each turn
     status, out = turn(api, which, a.id, **_money_body(which))
-    assert "partial (cost_budget)" in text_of(which, out) and len(llm.requests) == 2
+    assert status == 200 and "partial (cost_budget)" in text_of(which, out) and len(llm.requests) == 2
 
 
 @pytest.mark.parametrize("which", APIS)
