@@ -8,9 +8,11 @@ error and its path, instead of as a crash loop of workers.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
@@ -45,6 +47,36 @@ def _bind_host(bind: str, strict: bool = False) -> str | None:
     return host or "0.0.0.0"
 
 
+def check_free(binds: list[str]) -> None:
+    """Refuse an address another process listens on, before saying we listen on it.
+
+    :raises ConfigError: naming the address in use.
+    """
+    for bind in binds:
+        host = _bind_host(bind)
+        if host is None:
+            continue
+        port = int(bind.rpartition(":")[2])
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise ConfigError([("bind", f"{bind}: {exc.strerror}")]) from exc
+                raise ConfigError(
+                    [
+                        (
+                            "bind",
+                            f"{bind} is in use (another loopstop serve?): stop it, or pass "
+                            "--bind HOST:OTHER_PORT",
+                        )
+                    ]
+                ) from exc
+
+
 def check_binds(settings: Settings, binds: list[str]) -> None:
     """Refuse to listen beyond loopback without tokens.
 
@@ -60,7 +92,8 @@ def check_binds(settings: Settings, binds: list[str]) -> None:
                 (
                     "tokens",
                     f"no tokens are configured, so loopstop serves only loopback; refusing to bind "
-                    f"{', '.join(public)}. Configure tokens (see README) or bind 127.0.0.1.",
+                    f"{', '.join(public)}. Configure tokens (docs/reference/configuration.md, "
+                    "'Making tokens') or bind 127.0.0.1.",
                 )
             ]
         )
@@ -174,7 +207,9 @@ def serve(
         for bind in bind_list:
             _bind_host(bind, strict=True)
         settings = load_settings()
+        _, config_path = read_config_file(os.environ)
         check_binds(settings, bind_list)
+        check_free(bind_list)
         from sidecar.app import create_app
 
         # Validate once in the master: secret (created here, once), store, schema.
@@ -197,8 +232,9 @@ def serve(
             ", ".join(bind_list),
         )
     log.info(
-        "loopstop %s: store %s, %s, %d worker(s), listening on %s",
+        "loopstop %s: configuration %s, store %s, %s, %d worker(s), listening on %s",
         __version__,
+        config_path or "none found (defaults)",
         _redacted_store(settings.store),
         f"{len(settings.tokens)} token(s)" if settings.tokens else "no tokens",
         workers,

@@ -34,7 +34,7 @@ def test_compose_n8n_has_the_node_and_the_same_token() -> None:
         n8n["environment"]["LOOPSTOP_TOKEN_N8N"]
         == services["loopstop"]["environment"]["LOOPSTOP_TOKEN_N8N"]
     )
-    assert n8n["environment"]["LOOPSTOP_URL"] == "http://loopstop:8765"
+    assert n8n["environment"]["LOOPSTOP_URL"] == "${LOOPSTOP_URL:-http://loopstop:8765}"
     script = (DEPLOY / "n8n" / "import-examples.sh").read_text()
     assert '"type": "loopStopApi"' in script and "publish:workflow --id=lsExSelfCall0001" in script
 

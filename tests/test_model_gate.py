@@ -609,6 +609,21 @@ def test_gate_without_upstream_is_a_clear_problem(make_app: AppFactory) -> None:
     assert api.get(a.base)[1]["task"]["used"]["model_calls"] == 0  # nothing admitted
 
 
+def test_an_unreachable_upstream_fails_the_credential_test(make_app: AppFactory) -> None:
+    """n8n's credential test lists models: it must not go green on a gate whose
+    every turn would fail."""
+    from conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    api = Api(
+        make_app(
+            model_gate={**GATE, "upstream_url": dead}, environ={"UPSTREAM_KEY": "k"}
+        ).test_client()
+    )
+    status, out = api.get("/v1/openai/models")
+    assert status == 502 and out["error"]["code"] == "upstream_unreachable"
+
+
 def test_the_n8n_credential_sends_the_token_as_api_key(api: Api) -> None:
     r = api.client.get("/v1/openai/models", headers={"Authorization": f"Bearer {N8N_TOKEN}"})
     assert r.status_code == 200
@@ -726,7 +741,9 @@ def test_a_turn_without_usage_is_charged_its_reservation(
         assert turn(api, which, a.id, **_money_body(which))[0] == 200
     assert used(api, a.id)["cost"] == 10.0  # never free: the worst case of each turn
     status, out = turn(api, which, a.id, **_money_body(which))
-    assert status == 200 and "partial (cost_budget)" in text_of(which, out) and len(llm.requests) == 2
+    assert (
+        status == 200 and "partial (cost_budget)" in text_of(which, out) and len(llm.requests) == 2
+    )
 
 
 @pytest.mark.parametrize("which", APIS)
@@ -757,9 +774,7 @@ def test_an_unpriced_model_is_refused_when_the_task_has_a_money_budget(
     assert turn(api, "chat", b.id, model="unpriced-model")[0] == 200
 
 
-def test_concurrent_turns_of_one_task_never_overspend(
-    make_app: AppFactory, llm: FakeLLM
-) -> None:
+def test_concurrent_turns_of_one_task_never_overspend(make_app: AppFactory, llm: FakeLLM) -> None:
     """Eight turns at once, each reserving 5 against max_cost 12: at most two are
     forwarded, and what was settled never passes the budget."""
     from concurrent.futures import ThreadPoolExecutor

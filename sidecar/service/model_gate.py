@@ -628,10 +628,12 @@ class ModelGate:
 
     def models(self) -> dict[str, Any]:
         """The upstream's model list (n8n's credential test and model picker), or the
-        configured default model when the upstream cannot list.
+        configured default model when the upstream answers but cannot list.
 
         :raises GateNotConfigured: no upstream is configured (n8n's credential
             test fails instead of going green on a gate that refuses every turn).
+        :raises UpstreamError: the upstream cannot be reached (502): the test
+            fails as every turn would.
         """
         url = self._upstream("/models")
         try:
@@ -641,10 +643,15 @@ class ModelGate:
                 timeout=(3.0, min(self.config.timeout_s, 10.0)),
                 allow_redirects=False,
             )
+        except requests.RequestException:
+            raise UpstreamError(
+                502, _error("the upstream model cannot be reached", "upstream_unreachable")
+            ) from None
+        try:
             listed = resp.json() if resp.status_code == 200 else None
             if isinstance(listed, dict) and isinstance(listed.get("data"), list):
                 return listed
-        except (requests.RequestException, ValueError):
+        except ValueError:
             pass
         model = self.config.default_model or "loopstop-gate"
         return {
