@@ -228,7 +228,8 @@ def serve(
         sys.exit(3)
     if not settings.tokens:
         log.warning(
-            "no tokens configured: serving WITHOUT authentication on %s (loopback only)",
+            "no tokens configured: serving WITHOUT authentication on %s (loopback only); "
+            "any bearer token a caller sends is ignored (n8n's credential test passes with any)",
             ", ".join(bind_list),
         )
     log.info(
