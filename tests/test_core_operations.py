@@ -338,3 +338,23 @@ def test_open_operations_are_bounded_only_for_begins_that_open_one() -> None:
         core.check_open_room(retry, "wf", 2, policy)
     for state in (OperationState.IN_PROGRESS, OperationState.UNKNOWN, OperationState.COMMITTED):
         core.check_open_room(replace(started(), state=state), "wf", 5, policy)
+
+
+def test_a_check_finding_about_an_older_version_is_ignored() -> None:
+    """A slow reconcile check that saw attempt 1 must not settle the record after
+    another begin already proved attempt 1 absent and ran attempt 2 (whose write
+    may have landed): that would execute a third attempt beside the second."""
+    op = started()
+    unknown, _ = core.fail(op, "op-1", 1, FailOutcome.UNKNOWN, "timeout", NOW + 1)
+    assert unknown is not None
+    absent = core.CheckFinding("probe", False, True, {}, attempt=1, updated_at=unknown.updated_at)
+    second, out = core.begin_after_check(unknown, req(), absent, POLICY, NOW + 2)
+    assert out.decision is BeginDecision.EXECUTE and second is not None and second.attempt == 2
+    # attempt 2's lease expires: it is unknown too; the slow check of attempt 1 comes back
+    late, out = core.begin_after_check(second, req(), absent, POLICY, NOW + 200)
+    assert out.decision is BeginDecision.RECONCILE
+    assert late is None or late.attempt == 2
+    # a finding about the current version is applied
+    fresh = replace(absent, attempt=2, updated_at=second.updated_at)
+    _, out = core.begin_after_check(second, req(), fresh, POLICY, NOW + 201)
+    assert out.decision is BeginDecision.EXECUTE and out.operation.attempt == 3

@@ -586,13 +586,14 @@ def test_a_caller_given_call_id_is_admitted_once() -> None:
 
 
 def test_a_write_admitted_twice_under_one_id_executes_once_then_replays() -> None:
+    """The second admission under one id goes through the ledger: the write is in
+    progress, so it is denied, never executed a second time."""
     agent = Agent()
     assert (
         agent.call("save", {"v": 1}, "write", "w1", call_id="g1").decision is ToolDecision.EXECUTE
     )
-    assert (
-        agent.call("save", {"v": 1}, "write", "w1", call_id="g1").decision is ToolDecision.EXECUTE
-    )
+    again = agent.call("save", {"v": 1}, "write", "w1", call_id="g1")
+    assert again.decision is ToolDecision.DENY and agent.task.envelope is None
     assert agent.ops["w1"].attempt == 1 and agent.task.used.tool_calls == 1
     agent.result(call_id="g1", receipt="r1")
     out = agent.call("save", {"v": 1}, "write", "w1", call_id="g1")

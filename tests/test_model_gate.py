@@ -792,3 +792,103 @@ def test_concurrent_turns_of_one_task_never_overspend(make_app: AppFactory, llm:
     assert set(statuses) <= {200, 504}
     assert len(llm.requests) <= 2
     assert used(api, a.id)["cost"] <= 12
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"q": NaN}', "[" * 100_000 + "]" * 100_000, '{"q": "\\ud800"}', "\ud800", "not json"],
+)
+def test_odd_tool_call_arguments_are_fingerprinted_never_a_500(api: Api, arguments: str) -> None:
+    """Whatever a model writes as a call's arguments, the call can be admitted."""
+    from sidecar.service.model_gate import Api as GateApi
+    from sidecar.service.model_gate import proposals
+
+    answer = {
+        "choices": [
+            {
+                "message": {
+                    "tool_calls": [{"id": "c1", "function": {"name": "s", "arguments": arguments}}]
+                }
+            }
+        ]
+    }
+    (call,) = proposals(GateApi.CHAT, answer)
+    a = Agent(api)
+    out = a.call(call.tool, call.args, call_id="c1")
+    assert out["decision"] == "execute"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"choices": [{"message": {"tool_calls": [{"id": "c1", "function": "search"}]}}]},
+        {"choices": [{"message": "a string"}]},
+        {"choices": "nope"},
+        {"output": "nope"},
+    ],
+)
+def test_malformed_proposals_are_read_as_none_or_empty(answer: dict[str, Any]) -> None:
+    from sidecar.service.model_gate import Api as GateApi
+    from sidecar.service.model_gate import proposals
+
+    for which in (GateApi.CHAT, GateApi.RESPONSES):
+        for call in proposals(which, answer):
+            assert call.tool == ""
+
+
+def _dripping_upstream(stream: bool) -> type:
+    """An upstream that answers 200 and then drips: SSE comments, or one byte of a body."""
+    from local_http import JsonHandler
+
+    class Drip(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            if stream:
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "1000")
+            self.end_headers()
+            try:
+                for _ in range(50):
+                    piece = b": ping\n\n" if stream else b" "
+                    if stream:
+                        piece = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+                    self.wfile.write(piece)
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass  # the gate gave up: what this test wants
+
+    return Drip
+
+
+@pytest.mark.parametrize("stream_it", [True, False])
+def test_an_upstream_that_drips_is_cut_at_the_gate_timeout(
+    make_app: AppFactory, stream_it: bool
+) -> None:
+    """``timeout_s`` bounds the whole exchange, not each read: keep-alive comments
+    or a trickled body cannot hold a worker (the turn is still counted)."""
+    from local_http import running
+
+    with running(_dripping_upstream(stream_it)) as base:
+        api = Api(
+            make_app(
+                model_gate={**GATE, "upstream_url": base}, environ={"UPSTREAM_KEY": "k"}
+            ).test_client()
+        )
+        a = Agent(api)
+        started = time.monotonic()
+        path, body = build("chat", a.id, stream=stream_it)
+        if stream_it:
+            status, events, _ = stream(api, path, body)
+            assert status == 200 and any("timeout" in e.data for e in events)
+        else:
+            status, out = api.post(path, body)
+            assert status == 504 and out["error"]["code"] == "timeout"
+        assert time.monotonic() - started < 5  # timeout_s is 1; the drip would take 10 s
+        assert used(api, a.id)["model_calls"] == 1 and used(api, a.id)["tokens"] > 0

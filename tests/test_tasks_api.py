@@ -456,7 +456,19 @@ def test_a_caller_given_call_id_is_admitted_once(api: Api) -> None:
     first = a.call("create_note", {"n": 1}, kind="write", **call)
     assert (first["decision"], first["call_id"]) == ("execute", "call_Ab12.x:1@gate")
     again = a.call("create_note", {"n": 1}, kind="write", **call)
-    assert (again["decision"], again["envelope"]) == ("execute", None)
+    # the write is in progress: the ledger still decides (never a second execute)
+    assert (again["decision"], again["reason"], again["envelope"]) == ("deny", "in_progress", None)
+    status, other = api.post(
+        a.base + "/tool-calls",
+        {
+            "tool": "create_note",
+            "kind": "write",
+            "args": {"n": 1},
+            **call,
+            "operation_id": "note:c2",
+        },
+    )
+    assert status == 409, other  # the id named another operation
     used = api.get(a.base)[1]["task"]["used"]
     assert used["tool_calls"] == 1
     out = a.result(first, result={"id": "n1"}, receipt={"id": "n1"})
@@ -473,6 +485,22 @@ def test_a_caller_given_call_id_is_admitted_once(api: Api) -> None:
     )
     assert status == 422 and bad["errors"][0]["loc"] == ["body", "call_id"]
     assert api.get(a.base)[1]["task"]["used"]["tool_calls"] == 1
+
+
+def test_a_caller_given_read_id_counts_once_until_its_result(api: Api) -> None:
+    """A read admitted twice under one id before its result is one call; once it
+    has its result, the same id in a later proposal is a new call (servers that
+    number their calls afresh each turn), under every rule."""
+    a = Agent(api, limits={"max_same_call": 2})
+    first = a.call("search", {"q": 1}, call_id="call_0")
+    assert a.call("search", {"q": 1}, call_id="call_0")["decision"] == "execute"
+    assert api.get(a.base)[1]["task"]["used"]["tool_calls"] == 1
+    a.result(first, result={"hits": 0})
+    second = a.call("search", {"q": 1}, call_id="call_0")
+    assert second["decision"] == "execute"
+    assert api.get(a.base)[1]["task"]["used"]["tool_calls"] == 2
+    a.result(second, result={"hits": 0})
+    ended(a.call("search", {"q": 1}, call_id="call_0"), "partial", "same_call")
 
 
 def test_initial_revision_and_the_evidence_vocabulary(api: Api) -> None:

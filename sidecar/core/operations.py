@@ -524,12 +524,17 @@ class CheckFinding:
 
     :ivar found: the record is there as the write would have left it.
     :ivar absent: the receiver proved it is not there (404 / 410).
+    :ivar attempt: the attempt the check was asked about, with ``updated_at``
+        the version of the record it saw: a finding about an older version
+        (another begin settled it, or a newer attempt ran meanwhile) is stale.
     """
 
     check: str
     found: bool
     absent: bool
     evidence: dict[str, Any]
+    attempt: int | None = None
+    updated_at: float | None = None
 
     @classmethod
     def of(cls, check: str, passed: bool, reason: str, evidence: dict[str, Any]) -> CheckFinding:
@@ -551,12 +556,18 @@ def begin_after_check(
     """A ``begin`` that found the operation ``unknown`` and asked the receiver.
 
     Applied with a compare-and-set after the check ran outside the store
-    transaction: if the operation is no longer unknown, the check's finding
-    is ignored and ``begin`` decides on what is stored. Found -> committed
-    -> ``replay``; proven absent -> not committed -> ``execute`` (attempt
+    transaction: if the record is no longer the version the check was asked
+    about (``finding.attempt`` / ``finding.updated_at``), or no longer
+    unknown, the check's finding is ignored and ``begin`` decides on what is
+    stored. Found -> committed -> ``replay``; proven absent -> not committed -> ``execute`` (attempt
     + 1, within ``max_attempts``); undecided -> ``reconcile``.
     """
     if op is None or stopped is not None:
+        return begin(op, req, policy, now, stopped)
+    if (finding.attempt, finding.updated_at) != (op.attempt, op.updated_at):
+        # The record changed while the check ran: what it found is about
+        # another version (a later attempt may have written since). Decide on
+        # what is stored; the next begin asks again.
         return begin(op, req, policy, now, stopped)
     seen = observe(op, now)
     if seen.state is not OperationState.UNKNOWN or not same_payload(op, req.fingerprints):

@@ -44,6 +44,7 @@ import requests
 import sseclient
 
 from sidecar.auth import Principal
+from sidecar.canonical import canonical_json
 from sidecar.config import ModelGateConfig, Settings
 from sidecar.core import cost
 from sidecar.core.tasks import (
@@ -274,12 +275,31 @@ class Proposal:
 
 
 def _args(raw: Any) -> Any:
-    if isinstance(raw, str):
+    """A proposed call's arguments as a JSON value the guard can fingerprint.
+
+    The model's argument text is parsed when it is JSON; text that is not
+    (NaN, nesting past what can be parsed, a lone surrogate, a value of the
+    wrong type) is fingerprinted as the text itself, escaped where it cannot
+    be encoded: the same text is the same call, and no model output can fail
+    the turn.
+    """
+    text = raw if isinstance(raw, str) else None
+    value: Any = raw
+    if text is not None:
         try:
-            return json.loads(raw)
-        except ValueError:
-            return raw  # fingerprinted as given: the same text is the same call
-    return raw
+            value = json.loads(text, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            value = text
+    try:
+        canonical_json(value)
+        return value
+    except (ValueError, TypeError, RecursionError):
+        fallback = text if text is not None else repr(raw)
+        return fallback.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def proposals(api: Api, answer: Mapping[str, Any]) -> list[Proposal]:
@@ -287,7 +307,8 @@ def proposals(api: Api, answer: Mapping[str, Any]) -> list[Proposal]:
     items, chat ``tool_calls``)."""
     out: list[Proposal] = []
     if api is Api.RESPONSES:
-        for item in answer.get("output") or []:
+        output = answer.get("output")
+        for item in output if isinstance(output, list) else []:
             if isinstance(item, dict) and item.get("type") == "function_call":
                 out.append(
                     Proposal(
@@ -297,11 +318,14 @@ def proposals(api: Api, answer: Mapping[str, Any]) -> list[Proposal]:
                     )
                 )
         return out
-    for choice in answer.get("choices") or []:
+    choices = answer.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
         message = choice.get("message") if isinstance(choice, dict) else None
-        for call in (message or {}).get("tool_calls") or []:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else []:
             if isinstance(call, dict):
-                fn = call.get("function") or {}
+                fn = call.get("function")
+                fn = fn if isinstance(fn, dict) else {}
                 out.append(
                     Proposal(
                         str(call.get("id") or ""),
@@ -597,7 +621,10 @@ class ModelGate:
                 },
                 timeout=(min(self.config.timeout_s, 5.0), self.config.timeout_s),
                 allow_redirects=False,
-                stream=stream,
+                # Always streamed: the body is read under one deadline for the whole
+                # exchange (a server dripping bytes or keep-alive comments cannot
+                # hold a worker past ``timeout_s``).
+                stream=True,
             )
         except requests.Timeout:
             raise UpstreamError(
@@ -613,8 +640,8 @@ class ModelGate:
             ) from None
         if resp.status_code >= 400:
             try:
-                answer = resp.json()
-            except (ValueError, requests.RequestException):
+                answer = json.loads(b"".join(self._stream_source(resp, self._deadline())))
+            except Exception:  # unreadable, cut or too slow: the status still says it
                 answer = None
             finally:
                 resp.close()
@@ -940,19 +967,20 @@ class ModelGate:
                 )
             relay = _ResponsesRelay if turn.api is Api.RESPONSES else _ChatRelay
             return GateAnswer(turn.record, events=relay(self, turn, payload, resp).run())
+        content = self._read_body(turn, payload, resp)
         try:
-            answer = resp.json()
+            answer = json.loads(content)
         except ValueError:
             answer = None
         if not isinstance(answer, dict) or (
             "output" not in answer if turn.api is Api.RESPONSES else "choices" not in answer
         ):
-            self._count(turn, None, estimate_tokens(payload, len(resp.content)))
+            self._count(turn, None, estimate_tokens(payload, len(content)))
             shape = "a Response" if turn.api is Api.RESPONSES else "a chat completion"
             raise self._bad_upstream(
                 turn, f"the upstream model answered something that is not {shape}"
             )
-        self._count(turn, answer.get("usage"), estimate_tokens(payload, len(resp.content)))
+        self._count(turn, answer.get("usage"), estimate_tokens(payload, len(content)))
         denied = self._admit_calls(turn, proposals(turn.api, answer))
         if denied is None:
             return GateAnswer(turn.record, body=answer)
@@ -966,15 +994,51 @@ class ModelGate:
         exc.record = turn.record
         return exc
 
-    def _stream_source(self, resp: requests.Response) -> Iterator[bytes]:
+    def _deadline(self) -> float:
+        """When an upstream exchange that starts now must be over (monotonic seconds)."""
+        return time.monotonic() + self.config.timeout_s
+
+    def _stream_source(self, resp: requests.Response, deadline: float) -> Iterator[bytes]:
         """The body's bytes as they arrive (one socket read each, never waiting
-        for a block to fill), until the upstream ends it."""
+        for a block to fill), until the upstream ends it.
+
+        :raises _Cut: ``deadline`` passed (comments and trickled bytes included).
+        """
         raw = resp.raw
         while True:
+            if time.monotonic() > deadline:
+                raise _Cut("the upstream model took too long", "timeout")
             data = raw.read1(65536, decode_content=True)
             if not data:
                 return
             yield data
+
+    def _read_body(self, turn: _Turn, payload: dict[str, Any], resp: requests.Response) -> bytes:
+        """A non-streamed answer's whole body, read under the exchange's deadline.
+
+        :raises UpstreamError: too slow (504) or cut (502); the turn is counted.
+        """
+        chunks: list[bytes] = []
+        try:
+            for data in self._stream_source(resp, self._deadline()):
+                chunks.append(data)
+        except _Cut:
+            self._count(turn, None, estimate_tokens(payload, sum(map(len, chunks))))
+            turn.record.decision, turn.record.reason = "upstream_error", "timeout"
+            exc = UpstreamError(504, _error("the upstream model did not answer in time", "timeout"))
+            exc.record = turn.record
+            raise exc from None
+        except Exception:  # requests' and urllib3's read and protocol errors
+            self._count(turn, None, estimate_tokens(payload, sum(map(len, chunks))))
+            turn.record.decision, turn.record.reason = "upstream_error", "upstream_stream_cut"
+            exc = UpstreamError(
+                502, _error("the upstream model's answer broke off", "upstream_stream_cut")
+            )
+            exc.record = turn.record
+            raise exc from None
+        finally:
+            resp.close()
+        return b"".join(chunks)
 
 
 def _replace_with_text(api: Api, answer: dict[str, Any], text: str) -> dict[str, Any]:
@@ -1025,7 +1089,7 @@ class _Relay:
         self.counted = False
 
     def events(self) -> Iterator[sseclient.Event]:
-        client = sseclient.SSEClient(self.gate._stream_source(self.resp))
+        client = sseclient.SSEClient(self.gate._stream_source(self.resp, self.deadline))
         try:
             for event in client.events():
                 if time.monotonic() > self.deadline:
@@ -1179,7 +1243,8 @@ class _ChatRelay(_Relay):
                 yield self._raw(event)
                 return
             base = base or chunk
-            choices = chunk.get("choices") or []
+            choices = chunk.get("choices")
+            choices = choices if isinstance(choices, list) else []
             raw = self._raw(event)
             if chunk.get("usage") is not None:
                 usage = chunk["usage"]
@@ -1190,12 +1255,14 @@ class _ChatRelay(_Relay):
             for choice in choices:
                 if not isinstance(choice, dict):
                     continue
-                delta = choice.get("delta") or {}
+                delta = choice.get("delta")
+                delta = delta if isinstance(delta, dict) else {}
                 if choice.get("finish_reason"):
                     finished = True
                 if choice.get("finish_reason") == "tool_calls":
                     proposing = True
-                for call in delta.get("tool_calls") or []:
+                calls = delta.get("tool_calls")
+                for call in calls if isinstance(calls, list) else []:
                     if not isinstance(call, dict):
                         continue
                     proposing = True
@@ -1203,7 +1270,8 @@ class _ChatRelay(_Relay):
                     part = parts.setdefault(index if isinstance(index, int) else 0, {"args": ""})
                     if call.get("id"):
                         part["id"] = call["id"]
-                    fn = call.get("function") or {}
+                    fn = call.get("function")
+                    fn = fn if isinstance(fn, dict) else {}
                     if fn.get("name"):
                         part["name"] = fn["name"]
                     if isinstance(fn.get("arguments"), str):

@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.auth import Principal
@@ -268,8 +268,12 @@ class OperationService:
                 operation_id,
             )
         if outcome.decision is BeginDecision.RECONCILE and spec is not None:
+            asked_about = outcome.operation
             finding = self._ask_receiver(dict(spec), principal, body.workflow)
-            if finding is not None:
+            if finding is not None and asked_about is not None:
+                finding = replace(
+                    finding, attempt=asked_about.attempt, updated_at=asked_about.updated_at
+                )
                 outcome = self.store.transact(declared, lambda snap: decide(snap, finding))
         return outcome
 

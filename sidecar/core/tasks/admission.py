@@ -203,22 +203,42 @@ def _rule_deadline(ask: _Ask) -> _Answer | None:
 
 
 def _rule_known_call_id(ask: _Ask) -> _Answer | None:
+    """A caller-given id already in the history (the model gate admitted the call,
+    then a Loop Stop node asks for it again) is one call, counted once:
+
+    - another tool, kind, arguments or operation id under that id is a conflict;
+    - a write goes through the ledger all the same: another worker writing it is
+      a deny, an unknown outcome ends the task, a committed one replays;
+    - a read still waiting for its result answers ``execute`` again;
+    - an id whose call already has its result came back in a later proposal (a
+      server that numbers its calls afresh each turn): a new call, admitted and
+      counted by the rules after this one.
+    """
     known = ask.task.call(ask.call.call_id) if ask.call.given_id else None
     if known is None:
         return None
-    if (known.tool, known.kind, known.fp) != (
+    operation_id = ask.call.operation.operation_id if ask.call.operation else None
+    if (known.tool, known.kind, known.fp, known.operation_id) != (
         ask.call.tool,
         ask.call.kind,
         ask.call.args_fp[:PRINT_DIGITS],
+        operation_id,
     ):
         raise StateConflict(
-            f"call {ask.call.call_id!r} was admitted for another tool or other arguments",
+            f"call {ask.call.call_id!r} was admitted for another tool, other arguments "
+            "or another operation",
             call_id=ask.call.call_id,
         )
-    record = ask.write.record if ask.write is not None else None
-    replayed = known.replayed or (ask.write is not None and ask.write.replay)
-    decision = ToolDecision.REPLAY if replayed else ToolDecision.EXECUTE
-    return ask.task, None, ToolOutcome(decision, None, known.call_id, record)
+    w = ask.write
+    if w is not None:
+        if w.ends is not None or w.denies is not None:
+            return _rule_ledger(ask)
+        if w.replay or known.replayed:
+            return ask.task, None, ToolOutcome(ToolDecision.REPLAY, None, known.call_id, w.record)
+        return None  # the write may run again (not committed last time): a new attempt
+    if known.status is not CallStatus.PENDING:
+        return None
+    return ask.task, None, ToolOutcome(ToolDecision.EXECUTE, None, known.call_id, None)
 
 
 def _rule_policy(ask: _Ask) -> _Answer | None:
