@@ -132,7 +132,7 @@ class BeginBody(RequestBody):
     )
     task_id: Name | None = None
     chain_id: Name | None = None
-    lease_s: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
+    lease_s: Annotated[float, Field(gt=0, le=86_400, strict=True)] | None = Field(
         default=None, description="Seconds this attempt holds the operation (default 60)."
     )
     reconcile: ReconcileSpec | None = Field(
