@@ -316,7 +316,8 @@ def test_integer_past_the_parsers_digit_limit_is_400(make_app: AppFactory) -> No
 def test_a_lease_is_a_strict_positive_number(api: Api, lease: Any) -> None:
     """`"5"` and `true` are not seconds: the begin is refused, nothing is reserved."""
     status, out = api.post(
-        "/v1/operations/lease-probe/begin", {"payload": {}, "workflow": "wf-sheets", "lease_s": lease}
+        "/v1/operations/lease-probe/begin",
+        {"payload": {}, "workflow": "wf-sheets", "lease_s": lease},
     )
     assert status == 422 and out["errors"][0]["loc"] == ["body", "lease_s"]
     assert api.get("/v1/operations/lease-probe", workflow="wf-sheets")[0] == 404
