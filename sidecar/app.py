@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -93,8 +92,6 @@ def create_app(
         wait_replicas=settings.redis.wait_replicas,
         policy_check_s=settings.redis.policy_check_s,
     )
-    if store.backend == "sqlite":
-        _one_writer_per_process(store)
     # A worker started by `loopstop serve` knows the identity its master saw:
     # an emptied or replaced store is then refused, not initialised afresh.
     store.ensure_schema(expected_identity=env.get(STORE_ID_ENV) or None)
@@ -214,25 +211,6 @@ UI_CSP = (
 )
 
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-def _one_writer_per_process(store: Store) -> None:
-    """Queue one process's SQLite transactions on a lock of their own.
-
-    SQLite has one writer; a transaction that finds the file locked polls
-    (SQLite's busy handler, unfair under contention) and gives up after
-    ``busy_timeout_s``. A worker serves many requests at once (gthread), so
-    its threads wait their turn here instead, and the database sees at most
-    one writer per process, as with one request per worker.
-    """
-    lock = threading.RLock()
-    inner = store.transact
-
-    def transact(keys: Any, fn: Any, *, absent_likely: bool = False) -> Any:
-        with lock:
-            return inner(keys, fn, absent_likely=absent_likely)
-
-    store.transact = transact  # type: ignore[method-assign]
 
 
 def _bound_port() -> int | None:

@@ -85,6 +85,11 @@ class SQLiteStore(Store):
         self.clock = clock
         self.sweep_every = sweep_every
         self._local = threading.local()
+        # SQLite has one writer; a transaction that finds the file locked polls
+        # (its busy handler, unfair under contention) and gives up after
+        # busy_timeout_s. A worker serves many requests at once (gthread): its
+        # threads queue here instead, so the file sees one writer per process.
+        self._writer = threading.RLock()
         self._count = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._errors():
@@ -127,6 +132,10 @@ class SQLiteStore(Store):
 
     def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
         del absent_likely  # one local read inside the write lock: nothing to save
+        with self._writer:
+            return self._transact(keys, fn)
+
+    def _transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
         self._guard_identity()
         with self._errors():
             conn = self._conn()
