@@ -73,9 +73,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {url}")
         try:
-            if requests.get(url, timeout=1).status_code == 200:
+            if requests.get(url, timeout=5).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except requests.RequestException:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"not ready: {url}")
@@ -145,7 +145,7 @@ def start_bare(workers: int, redis_url: str | None = None) -> tuple[subprocess.P
         try:
             requests.post(base + "/v1/activations", json={}, timeout=1)
             return proc, base
-        except requests.ConnectionError:
+        except requests.RequestException:
             time.sleep(0.1)
     raise RuntimeError("bare app not ready")
 

@@ -161,8 +161,18 @@ class PostgresServer:
             os.chmod(self.root, 0o755)
             shutil.chown(self.root, self.user)
         subprocess.run(
-            [postgres_bin("initdb"), "-D", str(self.data), "-U", "loopstop",
-             "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+            [
+                postgres_bin("initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "loopstop",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -173,10 +183,23 @@ class PostgresServer:
     def start(self) -> PostgresServer:
         self.proc = subprocess.Popen(
             [
-                postgres_bin("postgres"), "-D", str(self.data), "-p", str(self.port),
-                "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
-                "-c", f"fsync={'on' if self.fsync else 'off'}", "-c", "max_connections=400",
-                "-c", "idle_session_timeout=60s", "-c", "shared_buffers=32MB",
+                postgres_bin("postgres"),
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                f"unix_socket_directories={self.root}",
+                "-c",
+                f"fsync={'on' if self.fsync else 'off'}",
+                "-c",
+                "max_connections=400",
+                "-c",
+                "idle_session_timeout=60s",
+                "-c",
+                "shared_buffers=32MB",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -632,31 +629,6 @@ def test_the_n8n_credential_sends_the_token_as_api_key(api: Api) -> None:
 # -- under gunicorn: sync and gthread workers ------------------------------------------------------
 
 
-class _ThreadedSidecar(Sidecar):
-    """``loopstop serve`` with ``--threads`` (1: gunicorn's sync worker; more: gthread)."""
-
-    def __init__(self, cwd: Path, env: dict[str, str], threads: int) -> None:
-        super().__init__(cwd, env, workers=1)
-        self.threads = threads
-
-    def start(self) -> _ThreadedSidecar:
-        env = {"PATH": os.environ["PATH"], **self.env}
-        cmd = [sys.executable, "-m", "sidecar", "serve", "--bind", f"127.0.0.1:{self.port}"]
-        cmd += ["--workers", "1", "--threads", str(self.threads)]
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(
-                cmd, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(self.base + "/readyz", timeout=1).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                time.sleep(0.1)
-        raise RuntimeError(f"serve did not become ready: {self.log.read_text()[-2000:]}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("which", APIS)
@@ -668,7 +640,7 @@ def test_streams_are_relayed_under_gunicorn(
     config = tmp_path / "loopstop.yaml"
     config.write_text(f"model_gate: {{upstream_url: '{llm.base}', timeout_s: 10}}\n")
     env = {"LOOPSTOP_CONFIG": str(config), "LOOPSTOP_STORE": f"sqlite:///{tmp_path / 'g.db'}"}
-    server = _ThreadedSidecar(tmp_path, env, threads).start()
+    server = Sidecar(tmp_path, env, workers=1, extra=("--threads", str(threads))).start()
     try:
         task_id = requests.post(server.base + "/v1/tasks", json={}, timeout=5).json()["task"][
             "task_id"

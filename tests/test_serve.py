@@ -58,17 +58,18 @@ class Sidecar:
                 stderr=subprocess.STDOUT,
                 text=True,
             )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited: {self.log.read_text()[-2000:]}")
             try:
-                if requests.get(self.base + "/readyz", timeout=1).status_code == 200:
+                if requests.get(self.base + "/readyz", timeout=5).status_code == 200:
                     return self
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or a worker still booting
                 pass
             time.sleep(0.1)
-        raise RuntimeError("serve did not become ready")
+        self.stop()
+        raise RuntimeError(f"serve did not become ready: {self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
