@@ -120,7 +120,7 @@ def create_app(
     )
 
     check_service = CheckService(
-        store, fingerprinter, configured_checks, settings.tasks.retention_s, clock
+        store, fingerprinter, configured_checks, settings.tasks.retention_s, clock, ops.records
     )
     task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
 

@@ -27,7 +27,7 @@ from sidecar.api.decisions import log_decision
 from sidecar.api.models import ModeQuery, rfc3339
 from sidecar.api.openapi import route
 from sidecar.core.executions import of_mode
-from sidecar.core.gate import Stop
+from sidecar.core.stops import Stop
 from sidecar.errors import ValidationFailed
 from sidecar.markers import CHAIN_ID_PATTERN
 from sidecar.runtime import runtime

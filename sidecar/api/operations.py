@@ -108,7 +108,7 @@ def begin(operation_id: str) -> Response:
                     }
                 ]
             )
-        if not runtime().checks.checks.open_to(name, g.principal.workflows, body.workflow):
+        if not runtime().checks.configured.open_to(name, g.principal.workflows, body.workflow):
             raise Forbidden(
                 f"check {name!r} is not open to workflow {body.workflow!r} (its workflows list)"
             )

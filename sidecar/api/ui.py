@@ -38,8 +38,9 @@ from flask import (
 from sidecar.api.decisions import log_decision
 from sidecar.auth import ANONYMOUS, Principal, auth_failure
 from sidecar.core.executions import of_mode
-from sidecar.core.gate import Chain, Stop
+from sidecar.core.gate import Chain
 from sidecar.core.operations import OperationState, ReconcileOutcome
+from sidecar.core.stops import Stop
 from sidecar.core.tasks import Task
 from sidecar.errors import Forbidden, LoopstopError, MalformedRequest, Unauthenticated
 from sidecar.runtime import Runtime, runtime

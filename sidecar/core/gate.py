@@ -43,6 +43,8 @@ from typing import Any
 
 from sidecar.core import executions as n8n_executions
 from sidecar.core.executions import ExecutionMode
+from sidecar.core.stops import Stop as Stop  # re-exported: the chains' stop
+from sidecar.core.stops import covering
 
 #: How many recent activations a chain keeps for its timeline.
 RECENT_ACTIVATIONS = 50
@@ -106,6 +108,32 @@ def normalize_scalar(value: Any) -> Any:
                 return None if number == 0 else number
         return text
     return value
+
+
+# -- content ---------------------------------------------------------------------
+
+
+def content_of(content: Any, event: Any) -> Any:
+    """The part of an activation that counts for dedupe and echo matching.
+
+    ``content`` when given; else the ``event``, except that an n8n Webhook
+    item (``{headers, params, query, body}``) counts by its ``body`` (a
+    provider's redelivery repeats the body, not its transport headers; an
+    empty body, as a GET has, counts by its query and path parameters), and
+    a Google Sheets "Include Both Versions" item by its ``current`` row.
+    """
+    if content is not None:
+        return content
+    if isinstance(event, dict):
+        if "headers" in event and "body" in event and ("query" in event or "params" in event):
+            if event["body"] not in ({}, None, ""):
+                return event["body"]
+            # A GET (or an empty POST): what identifies it is its query and path.
+            return {"query": event.get("query"), "params": event.get("params")}
+        if "current" in event and "previous" in event:
+            return event["current"]
+        return event
+    return {} if event is None else event
 
 
 # -- state ----------------------------------------------------------------------
@@ -226,6 +254,16 @@ class Link:
         return now < self.expires_at
 
 
+def takes_over(held: Link | None, held_in_scope: bool, now: float) -> bool:
+    """Whether a new effect on a target takes the target's link over.
+
+    A link is taken over unless it is live and of a workflow outside the
+    registering token's scope (``held_in_scope`` False): a scoped token
+    never redirects another workflow's chain.
+    """
+    return held is None or held_in_scope or not held.alive(now)
+
+
 @dataclass(frozen=True)
 class Seen:
     """The last content seen for one event identity of one workflow."""
@@ -273,15 +311,6 @@ class RateCounter:
     def add(self, now: float, window_s: float) -> RateCounter:
         cur = self.rolled(now, window_s)
         return replace(cur, count=cur.count + 1)
-
-
-@dataclass(frozen=True)
-class Stop:
-    """A sticky stop of a workflow or a chain."""
-
-    at: float
-    reason: str
-    actor: str
 
 
 @dataclass(frozen=True)
@@ -446,7 +475,8 @@ def decide_activation(
         )
 
     # 1. stops
-    if state.workflow_stop is not None or (chain_id and chain_id in state.chain_stops):
+    chain_stop = state.chain_stops.get(chain_id) if chain_id else None
+    if covering(state.workflow_stop, chain_stop) is not None:
         return dropped(ActivationReason.STOPPED, None, seen=False)
     # 2. a delivery seen before
     if (

@@ -38,6 +38,7 @@ from enum import StrEnum
 from typing import Any
 
 from sidecar.canonical import canonical_json
+from sidecar.core.stops import StopScope
 from sidecar.errors import NotFound, StaleAttempt, StateConflict, TooManyOpen
 
 
@@ -81,6 +82,16 @@ class BeginReason(StrEnum):
     CHAIN_STOPPED = "chain_stopped"
     RECONCILED_COMMITTED = "reconciled_committed"
     RECONCILED_NOT_COMMITTED = "reconciled_not_committed"
+
+
+def stopped_by(scope: StopScope | None) -> BeginReason | None:
+    """The reason a ``begin`` covered by a sticky stop is answered ``stopped``
+    with (:func:`sidecar.core.stops.covering`); None when no stop covers it."""
+    if scope is None:
+        return None
+    if scope is StopScope.WORKFLOW:
+        return BeginReason.WORKFLOW_STOPPED
+    return BeginReason.CHAIN_STOPPED
 
 
 class FailOutcome(StrEnum):

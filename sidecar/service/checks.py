@@ -15,8 +15,9 @@ from sidecar.config import CursorCheck, OperationsCheck
 from sidecar.core.operations import OperationState, observe
 from sidecar.core.tasks import CheckVerdict, Task
 from sidecar.errors import Forbidden, NotFound
-from sidecar.service import keys
-from sidecar.store import Plan, Snapshot, Store, Write
+from sidecar.service import keys, mappers, records
+from sidecar.service.records import Txn
+from sidecar.store import Store
 
 _OPERATION_ID = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9._:@-]{1,200}")
 
@@ -28,7 +29,11 @@ def verdict(result: CheckResult) -> CheckVerdict:
 
 class CheckService:
     """Runs configured checks by name (``POST /v1/checks/{name}``) and lends the
-    task and ledger services the store parts of a check."""
+    task and ledger services the store parts of a check.
+
+    :param retention_s: how long a cursor check's lineage is kept.
+    :param operations: the ledger's record mapper (an operations check reads it).
+    """
 
     def __init__(
         self,
@@ -37,24 +42,25 @@ class CheckService:
         checks: Checks,
         retention_s: float,
         clock: Callable[[], float],
+        operations: mappers.Operations,
     ) -> None:
         self.store = store
         self.fp = fingerprinter
-        self.checks = checks
+        self.configured = checks
         self.retention_s = retention_s
         self.clock = clock
+        self.lineages = mappers.lineages(retention_s)
+        self.operations = operations
 
     def names(self) -> list[tuple[str, str]]:
-        return sorted((name, cfg.kind) for name, cfg in self.checks.configs.items())
+        return sorted((name, cfg.kind) for name, cfg in self.configured.configs.items())
 
     def store_part(
         self,
-        snap: Snapshot,
-        plan: Plan[Any],
+        txn: Txn,
         principal: Principal,
         ns: str,
         task_id: str | None,
-        now: float,
         scope: str = "",
     ) -> StorePart:
         """The store-reading parts of checks, bound to one transaction.
@@ -64,27 +70,22 @@ class CheckService:
         """
 
         def part(name: str, data: Any) -> CheckResult:
-            cfg = self.checks.configs[name]
+            cfg = self.configured.configs[name]
             if isinstance(cfg, OperationsCheck):
                 workflow = None
                 if task_id is not None:
-                    task = Task.from_doc(snap.get(keys.task(ns, task_id)))
+                    task = Task.from_doc(txn.doc(keys.task(ns, task_id)))
                     workflow = task.workflow if task is not None else None
                 elif principal.workflows is not None and len(principal.workflows) == 1:
                     (workflow,) = principal.workflows
-                return self._operations(cfg, data, snap, principal, ns, now, workflow)
+                return self._operations(cfg, data, txn, principal, ns, workflow)
             assert isinstance(cfg, CursorCheck)
             if task_id is None:
                 return CheckResult(
                     False, CheckReason.MISSING_INPUT, evidence={"missing": "task_id"}
                 )
             key = keys.lineage(ns, task_id, f"{name}:{scope}" if scope else name)
-            doc = snap.get(key)
-            lineage = (
-                Lineage(tuple(doc["cursors"]), tuple(doc["ids"]), int(doc.get("count", 0)))
-                if doc
-                else Lineage()
-            )
+            lineage = txn.read(self.lineages, key) or Lineage()
             cursor = jmespath.search(cfg.cursor, data)
             records = jmespath.search(cfg.records, data)
             ids = records if isinstance(records, list) else []
@@ -95,26 +96,21 @@ class CheckService:
             )
             id_fps = [self.fp.key_hash("record", canonical_json(i).decode())[:16] for i in ids]
             new, result = cursor_step(lineage, cursor_fp, id_fps)
-            plan.writes[key] = Write(
-                {"cursors": list(new.cursors), "ids": list(new.ids)}, self.retention_s
-            )
+            txn.refresh(self.lineages, ns, key, new)
             return result
 
         return part
 
-    @staticmethod
     def _operations(
+        self,
         cfg: OperationsCheck,
         data: Any,
-        snap: Snapshot,
+        txn: Txn,
         principal: Principal,
         ns: str,
-        now: float,
         workflow: str | None,
     ) -> CheckResult:
         """Every listed id committed, each looked up in ``workflow``'s namespace."""
-        from sidecar.service.operations import OperationService
-
         ids = jmespath.search(cfg.operations, data)
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             return CheckResult(
@@ -125,11 +121,11 @@ class CheckService:
             if not isinstance(oid, str) or not _OPERATION_ID.fullmatch(oid):
                 states[str(oid)[:200]] = "missing"
                 continue
-            _, op = OperationService.find(snap, ns, oid, workflow)
+            _, op = self.operations.locate(txn, ns, (oid, workflow))
             if op is None or not principal.allows(op.workflow):
                 states[oid] = "missing"
             else:
-                states[oid] = str(observe(op, now).state)
+                states[oid] = str(observe(op, txn.now).state)
         committed = all(v == OperationState.COMMITTED for v in states.values())
         evidence = {"operations": states}
         if committed:
@@ -141,7 +137,7 @@ class CheckService:
 
         :raises Forbidden: a scoped token outside the check's ``workflows``.
         """
-        if not self.checks.open_to(name, principal.workflows, workflow):
+        if not self.configured.open_to(name, principal.workflows, workflow):
             raise Forbidden(
                 f"check {name!r} is not open to token {principal.name!r}'s workflows "
                 "(the check's workflows list)"
@@ -155,7 +151,7 @@ class CheckService:
         :raises NotFound: no such check, or no such task.
         :raises Forbidden: the task belongs to a workflow outside the scope.
         """
-        if name not in self.checks:
+        if name not in self.configured:
             raise NotFound(f"no check named {name!r}")
         workflow = None
         if task_id is not None:
@@ -165,24 +161,22 @@ class CheckService:
             workflow = Task.from_doc(doc).workflow  # type: ignore[union-attr]
             principal.require(workflow, of_record=True)
         self.require_open(principal, name, workflow)
-        fetched = self.checks.prefetch(name, data)
-        if not self.checks.needs_store(name):
-            return self.checks.run(name, data, fetched)
+        fetched = self.configured.prefetch(name, data)
+        if not self.configured.needs_store(name):
+            return self.configured.run(name, data, fetched)
         now = self.clock()
         task_key = keys.task(ns, task_id) if task_id else None
 
-        def decide(snap: Snapshot) -> Plan[CheckResult]:
+        def step(txn: Txn) -> CheckResult:
             if task_key is not None:
-                task = Task.from_doc(snap.get(task_key))
+                task = Task.from_doc(txn.doc(task_key))
                 if task is None:
                     raise NotFound(f"no task {task_id!r}")
                 principal.require(task.workflow, of_record=True)
-            plan: Plan[CheckResult] = Plan(CheckResult(False, CheckReason.MISSING_INPUT))
-            part = self.store_part(snap, plan, principal, ns, task_id, now)
-            plan.result = self.checks.run(name, data, fetched, part)
-            return plan
+            part = self.store_part(txn, principal, ns, task_id)
+            return self.configured.run(name, data, fetched, part)
 
-        return self.store.transact([task_key] if task_key else [], decide)
+        return records.run(self.store, [task_key] if task_key else [], step, now)
 
 
 def check_input(result: Any, receipt: Any) -> Mapping[str, Any]:

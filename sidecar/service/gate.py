@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar import markers
@@ -25,45 +25,18 @@ from sidecar.core.gate import (
     FieldPrints,
     Link,
     RateCounter,
-    RateLog,
-    Seen,
-    Stop,
 )
-from sidecar.errors import NotFound, ValidationFailed
-from sidecar.service import keys
-from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write
+from sidecar.core.stops import Stop, set_stop
+from sidecar.errors import ValidationFailed
+from sidecar.service import keys, mappers, records
+from sidecar.service.mappers import EFFECTS, LINKS, STOPS, Chains
+from sidecar.service.records import Txn
+from sidecar.store import Increment, Store
 
 
 def new_chain_id() -> str:
     """A fresh chain id: ``c`` + 20 hex digits (80 random bits)."""
     return "c" + secrets.token_hex(10)
-
-
-def derive_content(content: Any, event: Any) -> Any:
-    """The fields that matter for dedupe and echo matching.
-
-    ``content`` when given; else the ``event``, except that an n8n Webhook
-    item (``{headers, params, query, body}``) counts by its ``body`` (a
-    provider's redelivery repeats the body, not its transport headers; an
-    empty body, as a GET has, counts by its query and path parameters), and
-    a Google Sheets "Include Both Versions" item by its ``current`` row.
-    """
-    if content is not None:
-        return content
-    if isinstance(event, dict):
-        if "headers" in event and "body" in event and ("query" in event or "params" in event):
-            if event["body"] not in ({}, None, ""):
-                return event["body"]
-            # A GET (or an empty POST): what identifies it is its query and path.
-            return {"query": event.get("query"), "params": event.get("params")}
-        if "current" in event and "previous" in event:
-            return event["current"]
-        return event
-    return {} if event is None else event
-
-
-def _ttl(until: float, now: float) -> float:
-    return max(1.0, until - now)
 
 
 @dataclass(frozen=True)
@@ -109,10 +82,6 @@ class ChainInfo:
     stop: Stop | None
 
 
-def _stop(doc: Mapping[str, Any] | None) -> Stop | None:
-    return None if doc is None else Stop(**doc)
-
-
 class GateService:
     """Runs activation, effect and stop decisions as store transactions."""
 
@@ -131,14 +100,7 @@ class GateService:
             [chains.default.chain_ttl_s]
             + [o.chain_ttl_s for o in chains.workflows.values() if o.chain_ttl_s]
         )
-
-    def _write_chain(self, plan: Plan[Any], ns: str, chain: Chain, now: float) -> None:
-        """Store a chain and keep the index of live chains (for the operator page)."""
-        plan.writes[keys.chain(ns, chain.chain_id)] = Write(
-            chain.to_doc(), _ttl(chain.expires_at, now)
-        )
-        plan.index.append(IndexEntry(keys.recent_chains(ns), chain.chain_id, now))
-        plan.trims.append((keys.recent_chains(ns), now - self.longest_chain_s))
+        self.records = Chains(self.longest_chain_s)
 
     def limits(self, workflow: str | None) -> ChainLimits:
         """The chain policy of ``workflow`` (defaults plus its overrides)."""
@@ -171,7 +133,7 @@ class GateService:
         now = self.clock()
         wf = body.workflow
         limits = self.limits(wf)
-        content = derive_content(body.content, body.event)
+        content = core.content_of(body.content, body.event)
         content_fp = self.fp.fingerprint(content)
         if body.marker is not None and body.marker.strip():
             found = markers.scan_given(self.fp, ns, body.marker)
@@ -233,11 +195,14 @@ class GateService:
         for m in candidates:
             declared += [keys.chain(ns, m.chain_id), keys.chain_stop(ns, m.chain_id)]
 
-        def decide(snap: Snapshot) -> Plan[ActivationOutcome]:
-            own = Effect.from_doc(snap.get(own_key)) if own_key else None
-            links = [Link(**d) for k in related if (d := snap.get(k))]
-            if own_link and (d := snap.get(own_link)) and d["workflow"] != wf:
-                links.append(Link(**d))  # another workflow wrote this record: a hop
+        seen_records = mappers.window(limits.dedupe_window_s)
+        subject_records = mappers.subject_rate(limits.rate_window_s)
+
+        def step(txn: Txn) -> ActivationOutcome:
+            own = txn.read(EFFECTS, own_key) if own_key else None
+            links = [lk for k in related if (lk := txn.read(LINKS, k))]
+            if own_link and (held := txn.read(LINKS, own_link)) and held.workflow != wf:
+                links.append(held)  # another workflow wrote this record: a hop
             links = [lk for lk in links if principal.allows(lk.workflow)]
             chain_ids = {lk.chain_id for lk in links} | {m.chain_id for m in candidates}
             if own is not None:
@@ -245,45 +210,39 @@ class GateService:
             chains = {
                 cid: c
                 for cid in sorted(chain_ids)
-                if (c := Chain.from_doc(snap.get(keys.chain(ns, cid))))
+                if (c := txn.read(self.records, keys.chain(ns, cid)))
                 and principal.allows(c.workflow)
             }
-            stops = {cid: st for cid in chains if (st := _stop(snap.get(keys.chain_stop(ns, cid))))}
-            seen_doc = snap.get(seen_key)
-            subj_doc = snap.get(subject_key)
+            stops = {cid: st for cid in chains if (st := txn.read(STOPS, keys.chain_stop(ns, cid)))}
             counts = [
-                int(doc["count"]) if (doc := snap.get(k)) else 0
+                int(doc["count"]) if (doc := txn.doc(k)) else 0
                 for k in (wf_rate_prev, wf_rate_key, wf_rate_next)
             ]
-            workflow_rate = RateCounter(window_no * rate_window, counts[1] + counts[2], counts[0])
+            # Only increments change the rate counters: the decision tolerates them moving.
+            txn.tolerate((wf_rate_prev, wf_rate_key, wf_rate_next))
             state = ActivationState(
-                workflow_stop=_stop(snap.get(wf_stop_key)),
-                seen=Seen(**seen_doc) if seen_doc else None,
+                workflow_stop=txn.read(STOPS, wf_stop_key),
+                seen=txn.read(seen_records, seen_key),
                 own_effect=own,
                 links=tuple(links),
                 chains=chains,
                 chain_stops=stops,
-                subject_rate=RateLog(tuple(subj_doc["times"])) if subj_doc else None,
-                workflow_rate=workflow_rate,
+                subject_rate=txn.read(subject_records, subject_key),
+                workflow_rate=RateCounter(
+                    window_no * rate_window, counts[1] + counts[2], counts[0]
+                ),
             )
-            changes, outcome = core.decide_activation(state, req, limits, now)
-            rate_keys = {wf_rate_prev, wf_rate_key, wf_rate_next}
-            plan: Plan[ActivationOutcome] = Plan(outcome, unchecked=rate_keys)
-            if changes.seen is not None:
-                plan.writes[seen_key] = Write(asdict(changes.seen), limits.dedupe_window_s)
+            changes, outcome = core.decide_activation(state, req, limits, txn.now)
+            txn.save(seen_records, ns, seen_key, changes.seen)
             if changes.chain is not None:
                 chain_key = keys.chain(ns, changes.chain.chain_id)
-                snap.get(chain_key)
-                self._write_chain(plan, ns, changes.chain, now)
-            if changes.subject_rate is not None:
-                plan.writes[subject_key] = Write(
-                    {"times": list(changes.subject_rate.times)}, limits.rate_window_s
-                )
+                txn.save(self.records, ns, chain_key, changes.chain)
+            txn.save(subject_records, ns, subject_key, changes.subject_rate)
             if changes.workflow_rate is not None:
-                plan.increments[wf_rate_key] = Increment("count", 1, 2 * rate_window)
-            return plan
+                txn.increment(wf_rate_key, Increment("count", 1, 2 * rate_window))
+            return outcome
 
-        outcome = self.store.transact(declared, decide)
+        outcome = records.run(self.store, declared, step, now)
         issued = None
         if outcome.decision is core.ActivationDecision.PROCEED and outcome.chain_id:
             issued = markers.encode(self.fp, ns, outcome.chain_id, outcome.depth or 0)
@@ -321,10 +280,10 @@ class GateService:
         if body.chain_id:
             declared.append(keys.chain(ns, body.chain_id))
 
-        def decide(snap: Snapshot) -> Plan[tuple[Chain, Effect]]:
+        def step(txn: Txn) -> tuple[Chain, Effect]:
             chain = None
             if body.chain_id:
-                chain = Chain.from_doc(snap.get(keys.chain(ns, body.chain_id)))
+                chain = txn.read(self.records, keys.chain(ns, body.chain_id))
                 if chain is not None:
                     principal.require(chain.workflow, of_record=True)
             workflow = body.workflow or (chain.workflow if chain else None)
@@ -348,25 +307,18 @@ class GateService:
                 execution_id=body.execution_id,
                 execution_mode=body.execution_mode,
             )
-            new_chain, effect = core.register_effect(chain, req, self.limits(workflow), now)
-            plan: Plan[tuple[Chain, Effect]] = Plan((new_chain, effect))
-            self._write_chain(plan, ns, new_chain, now)
-            ttl = _ttl(effect.expires_at, now)
+            new_chain, effect = core.register_effect(chain, req, self.limits(workflow), txn.now)
+            txn.save(self.records, ns, keys.chain(ns, new_chain.chain_id), new_chain)
             link = Link(workflow, new_chain.chain_id, effect.depth, effect.expires_at)
             for h, link_key in zip(hashes, links, strict=True):
-                effect_key = keys.effect(ns, workflow, h)
-                snap.get(effect_key)
-                plan.writes[effect_key] = Write(effect.to_doc(), ttl)
-                held = snap.get(link_key)
-                if (
-                    held is None
-                    or principal.allows(held["workflow"])
-                    or (held["expires_at"] <= now)
-                ):
-                    plan.writes[link_key] = Write(asdict(link), ttl)
-            return plan
+                txn.save(EFFECTS, ns, keys.effect(ns, workflow, h), effect)
+                held = txn.read(LINKS, link_key)
+                in_scope = held is not None and principal.allows(held.workflow)
+                if core.takes_over(held, in_scope, txn.now):
+                    txn.save(LINKS, ns, link_key, link)
+            return new_chain, effect
 
-        return self.store.transact(declared, decide)
+        return records.run(self.store, declared, step, now)
 
     # -- chains and stops ----------------------------------------------------------
 
@@ -377,11 +329,9 @@ class GateService:
         :raises Forbidden: the chain belongs to a workflow outside the scope.
         """
         docs = self.store.get_many([keys.chain(ns, chain_id), keys.chain_stop(ns, chain_id)])
-        chain = Chain.from_doc(docs[keys.chain(ns, chain_id)])
-        if chain is None:
-            raise NotFound(f"no chain {chain_id!r}")
-        principal.require(chain.workflow, of_record=True)
-        return ChainInfo(chain, _stop(docs[keys.chain_stop(ns, chain_id)]))
+        found = self.records.decode(docs[keys.chain(ns, chain_id)])
+        chain = self.records.authorize(principal, found, chain_id)
+        return ChainInfo(chain, STOPS.decode(docs[keys.chain_stop(ns, chain_id)]))
 
     def stop_chain(
         self, principal: Principal, ns: str, chain_id: str, reason: str, stopped: bool
@@ -395,23 +345,18 @@ class GateService:
         now = self.clock()
         chain_key, stop_key = keys.chain(ns, chain_id), keys.chain_stop(ns, chain_id)
 
-        def decide(snap: Snapshot) -> Plan[ChainInfo]:
-            chain = Chain.from_doc(snap.get(chain_key))
-            if chain is None:
-                raise NotFound(f"no chain {chain_id!r}")
-            current = _stop(snap.get(stop_key))
+        def step(txn: Txn) -> ChainInfo:
+            chain = Chains.present(txn.read(self.records, chain_key), chain_id)
+            current = txn.read(STOPS, stop_key)
             if not stopped:
-                plan: Plan[ChainInfo] = Plan(ChainInfo(chain, None))
                 if current is not None:
-                    plan.writes[stop_key] = Write(None)
-                return plan
-            stop = current or Stop(now, reason, principal.name)
-            plan = Plan(ChainInfo(chain, stop))
-            if current is None:
-                plan.writes[stop_key] = Write(asdict(stop), _ttl(chain.expires_at, now))
-            return plan
+                    txn.delete(stop_key)
+                return ChainInfo(chain, None)
+            stop = set_stop(current, Stop(txn.now, reason, principal.name))
+            txn.save(mappers.chain_stop(chain), ns, stop_key, stop, current)
+            return ChainInfo(chain, stop)
 
-        return self.store.transact([chain_key, stop_key], decide)
+        return records.run(self.store, [chain_key, stop_key], step, now)
 
     def workflow_stop(self, principal: Principal, ns: str, workflow: str) -> Stop | None:
         """The workflow's stop, if any.
@@ -419,7 +364,7 @@ class GateService:
         :raises Forbidden: the workflow is outside the token's scope.
         """
         principal.require(workflow)
-        return _stop(self.store.get(keys.workflow_stop(workflow)))
+        return STOPS.decode(self.store.get(keys.workflow_stop(workflow)))
 
     def stop_workflow(
         self, principal: Principal, ns: str, workflow: str, reason: str, stopped: bool
@@ -436,13 +381,14 @@ class GateService:
         now = self.clock()
         key = keys.workflow_stop(workflow)  # one stop for test and production alike
 
-        def decide(snap: Snapshot) -> Plan[Stop | None]:
-            current = _stop(snap.get(key))
+        def step(txn: Txn) -> Stop | None:
+            current = txn.read(STOPS, key)
             if not stopped:
-                return Plan(None, {key: Write(None)} if current else {})
-            if current is not None:
-                return Plan(current)
-            stop = Stop(now, reason, principal.name)
-            return Plan(stop, {key: Write(asdict(stop))})
+                if current is not None:
+                    txn.delete(key)
+                return None
+            stop = set_stop(current, Stop(txn.now, reason, principal.name))
+            txn.save(STOPS, ns, key, stop, current)
+            return stop
 
-        return self.store.transact([key], decide)
+        return records.run(self.store, [key], step, now)

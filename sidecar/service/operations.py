@@ -29,7 +29,6 @@ from sidecar.canonical import Fingerprinter
 from sidecar.checks import Checks
 from sidecar.core import operations as core
 from sidecar.core.operations import (
-    OPEN_STATES,
     BeginDecision,
     BeginOutcome,
     BeginReason,
@@ -41,9 +40,11 @@ from sidecar.core.operations import (
     OperationState,
     ReconcileOutcome,
 )
-from sidecar.errors import Forbidden, NotFound, ValidationFailed
-from sidecar.service import keys
-from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
+from sidecar.errors import Forbidden, ValidationFailed
+from sidecar.service import keys, records
+from sidecar.service.mappers import Operations, covering_stop
+from sidecar.service.records import Txn
+from sidecar.store import Snapshot, Store
 
 log = logging.getLogger("loopstop")
 
@@ -96,51 +97,18 @@ class OperationService:
         self.policy = policy
         self.default_lease_s = default_lease_s
         self.clock = clock
+        self.records = Operations(policy)
         self._counts: dict[str, tuple[int, float]] = {}
         self._counts_lock = threading.Lock()
 
-    # -- plans -------------------------------------------------------------
+    # -- records -----------------------------------------------------------
 
-    def plan(self, ns: str, op: Operation | None, result: Any, key: str | None = None) -> Plan[Any]:
-        """Store ``op`` (None: nothing to write) at ``key`` and keep the open index in step.
-
-        :param key: where the record was read (default: its workflow's namespace).
-        """
-        plan: Plan[Any] = Plan(result)
-        if op is None:
-            return plan
-        key = key or keys.operation(ns, op.operation_id, op.workflow)
-        plan.writes[key] = Write(op.to_doc(), core.retention_s(op, self.policy))
-        indexes = [keys.open_operations(ns)]
-        if op.workflow is not None:
-            indexes.append(keys.open_operations(ns, op.workflow))
-        score = op.lease_expires_at if op.state in OPEN_STATES else None
-        member = key.removeprefix(f"{ns}:op:")
-        plan.index += [IndexEntry(ix, member, score) for ix in indexes]
-        return plan
-
-    @staticmethod
     def find(
-        snap: Snapshot, ns: str, operation_id: str, workflow: str | None
+        self, txn: Txn, ns: str, operation_id: str, workflow: str | None
     ) -> tuple[str, Operation | None]:
-        """Where the operation ``operation_id`` of ``workflow`` is (or would be) kept.
-
-        ``workflow``'s namespace first, then the shared one when it holds a
-        record of that same workflow; None looks in the shared one only.
-
-        :returns: the key (to write back to) and the record, None when absent.
-        """
-        shared_key = keys.operation(ns, operation_id, None)
-        if workflow is None:
-            return shared_key, Operation.from_doc(snap.get(shared_key))
-        own_key = keys.operation(ns, operation_id, workflow)
-        own = Operation.from_doc(snap.get(own_key))
-        if own is not None:
-            return own_key, own
-        shared = Operation.from_doc(snap.get(shared_key))
-        if shared is not None and shared.workflow == workflow:
-            return shared_key, shared
-        return own_key, None
+        """Where the operation ``operation_id`` of ``workflow`` is (or would be)
+        kept, and its record (see :meth:`.mappers.Operations.locate`)."""
+        return self.records.locate(txn, ns, (operation_id, workflow))
 
     def resolve_workflow(self, principal: Principal, workflow: str | None) -> str | None:
         """The workflow a route naming an operation acts for (DESIGN §1).
@@ -190,16 +158,6 @@ class OperationService:
             if cached is not None:
                 self._counts[index] = (cached[0] + 1, cached[1])
 
-    @staticmethod
-    def _stopped(
-        snap: Snapshot, workflow: str | None, chain_id: str | None, ns: str
-    ) -> BeginReason | None:
-        if workflow is not None and snap.get(keys.workflow_stop(workflow)) is not None:
-            return BeginReason.WORKFLOW_STOPPED
-        if chain_id is not None and snap.get(keys.chain_stop(ns, chain_id)) is not None:
-            return BeginReason.CHAIN_STOPPED
-        return None
-
     # -- decisions ---------------------------------------------------------
 
     def begin(
@@ -230,33 +188,32 @@ class OperationService:
             reconcile_check=body.reconcile,
         )
         space = None if body.shared else body.workflow
-        declared = [keys.operation(ns, operation_id, space)]
-        if space is not None:
-            declared.append(keys.operation(ns, operation_id, None))
+        declared = self.records.keys(ns, (operation_id, space))
         if body.workflow is not None:
             declared.append(keys.workflow_stop(body.workflow))
         if body.chain_id is not None:
             declared.append(keys.chain_stop(ns, body.chain_id))
         open_count = self._open_count(ns, body.workflow)
 
-        def decide(snap: Snapshot, finding: CheckFinding | None = None) -> Plan[BeginOutcome]:
-            key, op = self.find(snap, ns, operation_id, space)
+        def step(txn: Txn, finding: CheckFinding | None = None) -> BeginOutcome:
+            key, op = self.find(txn, ns, operation_id, space)
             workflow = op.workflow if op and op.workflow else body.workflow
             chain_id = op.chain_id if op and op.chain_id else body.chain_id
-            stopped = self._stopped(snap, workflow, chain_id, ns)
+            stopped = core.stopped_by(covering_stop(txn, ns, workflow, chain_id))
             if stopped is None:
                 core.check_open_room(op, body.workflow, open_count, self.policy)
             if finding is None:
-                new, outcome = core.begin(op, req, self.policy, now, stopped)
+                new, outcome = core.begin(op, req, self.policy, txn.now, stopped)
             else:
                 new, outcome = core.begin_after_check(
-                    op, req, finding, self.policy, self.clock(), stopped
+                    op, req, finding, self.policy, txn.now, stopped
                 )
-            return self.plan(ns, new, outcome, key)
+            txn.save(self.records, ns, key, new, op)
+            return outcome
 
         # Most begins are of a new id: the store may decide on "absent" and
         # let its compare-and-set check it (one round trip on Redis).
-        outcome = self.store.transact(declared, decide, absent_likely=True)
+        outcome = records.run(self.store, declared, step, now, absent_likely=True)
         if outcome.decision is BeginDecision.EXECUTE:
             self._opened(ns, body.workflow)
         recorded = outcome.operation if outcome.reason is not BeginReason.NEW else None
@@ -274,7 +231,10 @@ class OperationService:
                 finding = replace(
                     finding, attempt=asked_about.attempt, updated_at=asked_about.updated_at
                 )
-                outcome = self.store.transact(declared, lambda snap: decide(snap, finding))
+                checked = finding
+                outcome = records.run(
+                    self.store, declared, lambda txn: step(txn, checked), self.clock()
+                )
         return outcome
 
     def may_reconcile(self, name: str) -> bool:
@@ -316,16 +276,13 @@ class OperationService:
         :raises NotFound, StaleAttempt, StateConflict, Forbidden, StoreUnavailable:
             see :func:`sidecar.core.operations.commit`.
         """
-        workflow = self.resolve_workflow(principal, workflow)
-        now = self.clock()
-        declared = self._declared(ns, operation_id, workflow)
-
-        def decide(snap: Snapshot) -> Plan[Operation]:
-            key, op = self._scoped(principal, snap, ns, operation_id, workflow)
-            new, out = core.commit(op, operation_id, attempt, receipt, result, now)
-            return self.plan(ns, new, out, key)
-
-        return self.store.transact(declared, decide)
+        return self._settle(
+            principal,
+            ns,
+            operation_id,
+            workflow,
+            lambda op, now: core.commit(op, operation_id, attempt, receipt, result, now),
+        )
 
     def fail(
         self,
@@ -342,16 +299,13 @@ class OperationService:
         :raises NotFound, StaleAttempt, StateConflict, Forbidden, StoreUnavailable:
             see :func:`sidecar.core.operations.fail`.
         """
-        workflow = self.resolve_workflow(principal, workflow)
-        now = self.clock()
-        declared = self._declared(ns, operation_id, workflow)
-
-        def decide(snap: Snapshot) -> Plan[Operation]:
-            key, op = self._scoped(principal, snap, ns, operation_id, workflow)
-            new, out = core.fail(op, operation_id, attempt, outcome, detail, now)
-            return self.plan(ns, new, out, key)
-
-        return self.store.transact(declared, decide)
+        return self._settle(
+            principal,
+            ns,
+            operation_id,
+            workflow,
+            lambda op, now: core.fail(op, operation_id, attempt, outcome, detail, now),
+        )
 
     def reconcile(
         self,
@@ -368,18 +322,39 @@ class OperationService:
         :raises NotFound, StateConflict, Forbidden, StoreUnavailable:
             see :func:`sidecar.core.operations.reconcile`.
         """
-        workflow = self.resolve_workflow(principal, workflow)
-        now = self.clock()
-        declared = self._declared(ns, operation_id, workflow)
-
-        def decide(snap: Snapshot) -> Plan[Operation]:
-            key, op = self._scoped(principal, snap, ns, operation_id, workflow)
-            new, out = core.reconcile(
+        return self._settle(
+            principal,
+            ns,
+            operation_id,
+            workflow,
+            lambda op, now: core.reconcile(
                 op, operation_id, outcome, receipt, evidence, principal.name, now
-            )
-            return self.plan(ns, new, out, key)
+            ),
+        )
 
-        return self.store.transact(declared, decide)
+    def _settle(
+        self,
+        principal: Principal,
+        ns: str,
+        operation_id: str,
+        workflow: str | None,
+        step: Callable[[Operation, float], tuple[Operation | None, Operation]],
+    ) -> Operation:
+        """Commit, fail and reconcile: one scoped record, one core ``step``
+        ``(record, now) -> (record to store or None, record to answer)``.
+
+        :param workflow: the workflow the begin gave (see :meth:`resolve_workflow`).
+        """
+        workflow = self.resolve_workflow(principal, workflow)
+        return records.update(
+            self.store,
+            self.records,
+            ns,
+            (operation_id, workflow),
+            principal,
+            lambda op, txn: step(op, txn.now),
+            self.clock(),
+        )
 
     # -- reads -------------------------------------------------------------
 
@@ -393,10 +368,12 @@ class OperationService:
         :raises Forbidden: the named workflow is outside the scope.
         """
         workflow = self.resolve_workflow(principal, workflow)
-        declared = self._declared(ns, operation_id, workflow)
-        docs = self.store.get_many(declared)
-        snap = Snapshot(docs, lambda more: None)
-        _, op = self._scoped(principal, snap, ns, operation_id, workflow)
+        ident = (operation_id, workflow)
+        docs = self.store.get_many(self.records.keys(ns, ident))
+        _, found = self.records.locate(
+            records.Txn(Snapshot(docs, lambda more: None), 0.0), ns, ident
+        )
+        op = self.records.authorize(principal, found, ident)
         return core.observe(op, self.clock())
 
     def list_open(
@@ -448,24 +425,6 @@ class OperationService:
                 items.append(seen)
         full = len(entries) == limit
         return Page(items, encode_cursor(entries[-1][1], entries[-1][0]) if full else None)
-
-    @staticmethod
-    def _declared(ns: str, operation_id: str, workflow: str | None) -> list[str]:
-        shared = keys.operation(ns, operation_id, None)
-        return (
-            [shared] if workflow is None else [keys.operation(ns, operation_id, workflow), shared]
-        )
-
-    def _scoped(
-        self, principal: Principal, snap: Snapshot, ns: str, operation_id: str, workflow: str | None
-    ) -> tuple[str, Operation]:
-        """:raises NotFound: absent from the workflow's namespace, or (shared) of
-        a workflow outside the scope: one answer for both."""
-        key, op = self.find(snap, ns, operation_id, workflow)
-        if op is None or not principal.allows(op.workflow):
-            where = f" in workflow {workflow!r}" if workflow is not None else ""
-            raise NotFound(f"no operation {operation_id!r}{where}")
-        return key, op
 
 
 def encode_cursor(score: float, member: str) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sidecar.canonical import Fingerprinter
-from sidecar.service import keys
-from sidecar.store import Plan, Snapshot, Store, Write
+from sidecar.service import keys, records
+from sidecar.store import Store
 
 
 class SessionRevocations:
@@ -36,10 +36,5 @@ class SessionRevocations:
         """Record that ``sid`` logged out, for ``ttl_s`` seconds."""
         key = self._key(sid)
 
-        def write(snap: Snapshot) -> Plan[None]:
-            snap.get(key)
-            plan: Plan[None] = Plan(None)
-            plan.writes[key] = Write({"at": self.clock()}, ttl_s)
-            return plan
-
-        self.store.transact([key], write)
+        now = self.clock()
+        records.run(self.store, [key], lambda txn: txn.put(key, {"at": now}, ttl_s), now)

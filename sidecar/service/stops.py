@@ -24,8 +24,8 @@ from sidecar.config import N8nConfig
 from sidecar.core import executions as core
 from sidecar.core.executions import CancellationState, ExecutionMode, ExecutionResult
 from sidecar.n8n import Execution, N8nClient, N8nError
-from sidecar.service import keys
-from sidecar.store import Plan, Snapshot, Store, Write
+from sidecar.service import keys, records
+from sidecar.store import Store
 
 #: Statuses a workflow stop lists (n8n parks an execution in a long Wait as ``waiting``).
 LISTED_STATUSES = ("running", "waiting")
@@ -242,11 +242,12 @@ class StopService:
         for r in result.executions:
             metrics.N8N_EXECUTIONS.labels(str(r.result)).inc()
 
-        def decide(snap: Snapshot) -> Plan[None]:
-            snap.get(key)
-            return Plan(None, {key: Write(result.to_doc(), max(1.0, ttl_s))})
-
-        self.store.transact([key], decide)
+        records.run(
+            self.store,
+            [key],
+            lambda txn: txn.put(key, result.to_doc(), max(1.0, ttl_s)),
+            self.clock(),
+        )
 
     def recorded(self, ns: str, kind: str, ident: str) -> dict[str, Any] | None:
         """The last recorded cancellation of a stop, if any."""

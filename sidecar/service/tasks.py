@@ -5,18 +5,16 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
-from sidecar import metrics
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.checks import CheckResult
 from sidecar.config import Settings
 from sidecar.core import tasks as core
-from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
+from sidecar.core.operations import BeginRequest, OperationPolicy
 from sidecar.core.tasks import (
     CallKind,
-    CompleteDecision,
     CompleteOutcome,
     Evidence,
     ModelOutcome,
@@ -27,12 +25,16 @@ from sidecar.core.tasks import (
     ToolOutcome,
     ToolResult,
 )
-from sidecar.errors import Forbidden, NotFound, ValidationFailed
-from sidecar.service import keys
+from sidecar.errors import ValidationFailed
+from sidecar.service import keys, records
 from sidecar.service.checks import CheckService, check_input, verdict
+from sidecar.service.mappers import Tasks, covering_stop
 from sidecar.service.operations import OperationService
+from sidecar.service.records import Txn
 from sidecar.service.task_watch import TaskWatch
-from sidecar.store import IndexEntry, Plan, Snapshot, Store, Write
+from sidecar.store import Store
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class TaskService:
             settings.tasks.retention_s,
             settings.tasks.retention_s + settings.limits.deadline_s,
         )
+        self.records = Tasks(
+            fingerprinter, self.watch, settings.tasks.retention_s, settings.limits.deadline_s
+        )
 
     # -- helpers -----------------------------------------------------------------
 
@@ -120,12 +125,6 @@ class TaskService:
         limits = core.resolve_limits(s.limits.to_core(), self._tool_max_calls, layer, override)
         return limits, allowed
 
-    def _ttl(self, task: Task, now: float) -> float:
-        retention = self.settings.tasks.retention_s
-        if task.ended_at is not None:
-            return max(1.0, task.ended_at + retention - now)
-        return max(1.0, task.created_at + task.limits.deadline_s + retention - now)
-
     def _stop_keys(self, ns: str, task_id: str) -> list[str]:
         """The stop keys of a task seen before by this process (else none: read lazily)."""
         scope = self._scopes.get(f"{ns}:{task_id}")
@@ -145,62 +144,35 @@ class TaskService:
             self._scopes.clear()
         self._scopes[f"{ns}:{task.task_id}"] = (task.workflow, task.chain_id)
 
-    def _stopped(self, snap: Snapshot, ns: str, task: Task) -> core.EndReason | None:
-        if task.workflow and snap.get(keys.workflow_stop(task.workflow)) is not None:
-            return core.EndReason.WORKFLOW_STOPPED
-        if task.chain_id and snap.get(keys.chain_stop(ns, task.chain_id)) is not None:
-            return core.EndReason.CHAIN_STOPPED
-        return None
+    def _stopped(self, txn: Txn, ns: str, task: Task) -> core.EndReason | None:
+        return core.stopped_by(covering_stop(txn, ns, task.workflow, task.chain_id))
 
-    @staticmethod
-    def _scoped(principal: Principal, doc: Mapping[str, Any] | None, task_id: str) -> Task:
-        task = Task.from_doc(doc)
-        if task is None:
-            raise NotFound(f"no task {task_id!r}")
-        principal.require(task.workflow, of_record=True)
-        return task
-
-    def _write_task(
+    def _save(
         self,
-        plan: Plan[Any],
-        snap: Snapshot,
+        txn: Txn,
         ns: str,
-        task: Task,
-        now: float,
-        before: Task | None = None,
-        execution_id: str | None = None,
-        exceeded: list[Any] | None = None,
+        before: Task,
+        after: Task,
+        execution_id: str | None,
+        exceeded: list[Any],
     ) -> None:
-        """Store the task; its ``task_key`` pointer too when created, ended or resumed
-        (the moments its retention changes); its watch document, running index
-        and workflow totals (:class:`TaskWatch`)."""
-        ttl = self._ttl(task, now)
-        plan.writes[keys.task(ns, task.task_id)] = Write(task.to_doc(), ttl)
-        mode: keys.ExecutionMode = "test" if ns == "t" else "production"
-        self.watch.plan(plan, snap, ns, before, task, now, ttl, execution_id, mode, exceeded)
-        plan.index.append(IndexEntry(keys.recent_tasks(ns), task.task_id, now))
-        plan.trims.append(
-            (
-                keys.recent_tasks(ns),
-                now - self.settings.tasks.retention_s - self.settings.limits.deadline_s,
-            )
-        )
-        if task.envelope is not None and (before is None or before.envelope is None):
-            status, reason = str(task.envelope.status), str(task.envelope.reason)
-            plan.on_commit.append(lambda: metrics.ENVELOPES.labels(status, reason).inc())
-        moved = before is None or (before.envelope is None) != (task.envelope is None)
-        if task.task_key is not None and moved:
-            pointer = keys.task_key(ns, task.workflow, self.fp.key_hash("task", task.task_key))
-            snap.get(pointer)
-            plan.writes[pointer] = Write({"task_id": task.task_id}, ttl)
+        """Save a task a step changed on behalf of ``execution_id`` (remembered for a
+        task stop), marking it an outlier on the ``exceeded`` measures."""
+        saving = self.records.acting(execution_id, exceeded)
+        txn.save(saving, ns, keys.task(ns, after.task_id), after, before)
 
-    def _write_op(
-        self, plan: Plan[Any], ns: str, op: Operation | None, key: str | None = None
-    ) -> None:
-        if op is not None:
-            sub = self.operations.plan(ns, op, None, key)
-            plan.writes.update(sub.writes)
-            plan.index += sub.index
+    def _update(
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        step: Callable[[Task, Txn], tuple[Task | None, T]],
+        also: list[str] | None = None,
+    ) -> T:
+        """One decision on one task (:func:`sidecar.service.records.update`)."""
+        return records.update(
+            self.store, self.records, ns, task_id, principal, step, self.clock(), also=also or ()
+        )
 
     # -- routes ------------------------------------------------------------------
 
@@ -217,33 +189,28 @@ class TaskService:
         limits, allowed = self.resolve_limits(body.policy, body.limits)
         if not principal.admin:
             base, _ = self.resolve_limits(body.policy, {})
-            raised = core.loosened(base, limits)
-            if raised:
-                raise Forbidden(
-                    f"raising {', '.join(raised)} above the configured or policy limits needs "
-                    "an admin token (a request may only tighten them)"
-                )
+            core.require_tightened(base, limits, principal.admin)
         now = self.clock()
         task_id = "t" + secrets.token_hex(10)
         key_key = (
-            keys.task_key(ns, body.workflow, self.fp.key_hash("task", body.task_key))
+            self.records.pointer(ns, body.workflow, body.task_key)
             if body.task_key is not None
             else None
         )
         declared = [keys.task(ns, task_id)] + ([key_key] if key_key else [])
         declared += self.watch.keys(ns, task_id, body.workflow)
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, bool]]:
+        acting = self.records.acting(execution_id)
+
+        def step(txn: Txn) -> tuple[Task, bool]:
             if key_key is not None:
-                pointer = snap.get(key_key)
+                pointer = txn.doc(key_key)
                 if pointer is not None:
-                    existing = Task.from_doc(snap.get(keys.task(ns, pointer["task_id"])))
+                    existing = txn.read(self.records, keys.task(ns, pointer["task_id"]))
                     if existing is not None:
-                        again = core.reactivate(existing, now)
-                        found: Plan[tuple[Task, bool]] = Plan((again, False))
-                        if again != existing:
-                            self._write_task(found, snap, ns, again, now, existing, execution_id)
-                        return found
+                        again = core.reactivate(existing, txn.now)
+                        txn.save(acting, ns, keys.task(ns, again.task_id), again, existing)
+                        return again, False
             task = core.new_task(
                 task_id,
                 body.task_key,
@@ -252,20 +219,20 @@ class TaskService:
                 body.policy,
                 limits,
                 allowed,
-                now,
+                txn.now,
                 body.initial_revision,
             )
-            plan: Plan[tuple[Task, bool]] = Plan((task, True))
-            self._write_task(plan, snap, ns, task, now, None, execution_id)
-            return plan
+            txn.save(acting, ns, keys.task(ns, task_id), task)
+            return task, True
 
-        task, created = self.store.transact(declared, decide)
+        task, created = records.run(self.store, declared, step, now)
         self._remember(ns, task)
         return task, created
 
     def get(self, principal: Principal, ns: str, task_id: str) -> Task:
         """:raises NotFound, Forbidden, StoreUnavailable:"""
-        return self._scoped(principal, self.store.get(keys.task(ns, task_id)), task_id)
+        found = self.records.decode(self.store.get(keys.task(ns, task_id)))
+        return self.records.authorize(principal, found, task_id)
 
     def model_call(
         self,
@@ -282,23 +249,18 @@ class TaskService:
             :meth:`settle_model_call`.
         :param execution_id: the n8n execution asking (remembered for a task stop).
         """
-        now = self.clock()
-        key = keys.task(ns, task_id)
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, ModelOutcome]]:
-            task = self._scoped(principal, snap.get(key), task_id)
+        def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ModelOutcome]]:
             self._remember(ns, task)
-            exceeded = self.watch.exceeded(snap, ns, task, tokens_used or 0)
-            stopped = self._stopped(snap, ns, task) or self._outlier_stop(exceeded)
-            new, out = core.admit_model_call(task, tokens_used, now, stopped, reserve_cost)
+            exceeded = self.watch.exceeded(txn.snap, ns, task, tokens_used or 0)
+            stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)
+            new, out = core.admit_model_call(task, tokens_used, txn.now, stopped, reserve_cost)
             if exceeded and out.admitted and self.watch.policy.action == "wrap_up":
                 out = replace(out, wrap_up=True)
-            plan: Plan[tuple[Task, ModelOutcome]] = Plan((new, out))
-            if new != task:
-                self._write_task(plan, snap, ns, new, now, task, execution_id, exceeded)
-            return plan
+            self._save(txn, ns, task, new, execution_id, exceeded)
+            return None, (new, out)
 
-        return self.store.transact([key, *self._watch_keys(ns, task_id)], decide)
+        return self._update(principal, ns, task_id, step, self._watch_keys(ns, task_id))
 
     def _outlier_stop(self, exceeded: list[Any]) -> core.EndReason | None:
         """``outliers.action: stop`` ends a flagged task ``stopped``, ``outlier``."""
@@ -328,22 +290,21 @@ class TaskService:
         A task these tokens make an outlier is flagged (and, with
         ``outliers.action: stop``, ended ``stopped``, ``outlier``).
         """
-        now = self.clock()
-        key = keys.task(ns, task_id)
 
-        def decide(snap: Snapshot) -> Plan[Task]:
-            task = self._scoped(principal, snap.get(key), task_id)
-            new = core.record_tokens(task, tokens, now)
-            exceeded = self.watch.exceeded(snap, ns, new)
+        def step(task: Task, txn: Txn) -> tuple[Task | None, Task]:
+            new = core.record_tokens(task, tokens, txn.now)
+            exceeded = self.watch.exceeded(txn.snap, ns, new)
             if self._outlier_stop(exceeded):
-                new = core.end(new, core.EndReason.OUTLIER, now)
-            plan: Plan[Task] = Plan(new)
-            if new != task:
-                self._write_task(plan, snap, ns, new, now, task, execution_id, exceeded)
-            return plan
+                new = core.end(new, core.EndReason.OUTLIER, txn.now)
+            self._save(txn, ns, task, new, execution_id, exceeded)
+            return None, new
 
-        return self.store.transact(
-            [key, *self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)], decide
+        return self._update(
+            principal,
+            ns,
+            task_id,
+            step,
+            [*self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)],
         )
 
     def settle_model_call(
@@ -356,18 +317,15 @@ class TaskService:
         tokens: int,
     ) -> Task:
         """Settle a model turn: release its reservation, add its real cost and tokens."""
-        now = self.clock()
-        key = keys.task(ns, task_id)
-
-        def decide(snap: Snapshot) -> Plan[Task]:
-            task = self._scoped(principal, snap.get(key), task_id)
-            new = core.settle_model_call(task, reserved_cost, actual_cost, tokens, now)
-            plan: Plan[Task] = Plan(new)
-            if new != task:
-                self._write_task(plan, snap, ns, new, now, task)
-            return plan
-
-        return self.store.transact([key, *self._stop_keys(ns, task_id)], decide)
+        return self._update(
+            principal,
+            ns,
+            task_id,
+            lambda task, txn: _same(
+                core.settle_model_call(task, reserved_cost, actual_cost, tokens, txn.now)
+            ),
+            self._stop_keys(ns, task_id),
+        )
 
     def tool_call(
         self,
@@ -398,21 +356,17 @@ class TaskService:
             raise ValidationFailed(
                 [{"loc": ["body", "operation_id"], "msg": "a write needs its operation_id"}]
             )
-        now = self.clock()
         args_prints = self.fp.fingerprints(body.args)
         call_id = body.call_id or "k" + secrets.token_hex(8)
-        key = keys.task(ns, task_id)
-        declared = [key, *self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)]
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, ToolOutcome]]:
-            task = self._scoped(principal, snap.get(key), task_id)
+        def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ToolOutcome]]:
             self._remember(ns, task)
             op = None
             op_key = None
             begin = None
             if body.kind is CallKind.WRITE and body.operation_id:
                 # The write lives in the task's workflow namespace (DESIGN §1).
-                op_key, op = self.operations.find(snap, ns, body.operation_id, task.workflow)
+                op_key, op = self.operations.find(txn, ns, body.operation_id, task.workflow)
                 begin = BeginRequest(
                     operation_id=body.operation_id,
                     fingerprints=args_prints,
@@ -430,16 +384,23 @@ class TaskService:
                 begin,
                 given_id=body.call_id is not None,
             )
-            exceeded = self.watch.exceeded(snap, ns, task)
-            stopped = self._stopped(snap, ns, task) or self._outlier_stop(exceeded)
-            new, new_op, out = core.admit_tool_call(task, call, op, self.op_policy, now, stopped)
-            plan: Plan[tuple[Task, ToolOutcome]] = Plan((new, out))
-            if new != task:
-                self._write_task(plan, snap, ns, new, now, task, execution_id, exceeded)
-            self._write_op(plan, ns, new_op, op_key)
-            return plan
+            exceeded = self.watch.exceeded(txn.snap, ns, task)
+            stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)
+            new, new_op, out = core.admit_tool_call(
+                task, call, op, self.op_policy, txn.now, stopped
+            )
+            self._save(txn, ns, task, new, execution_id, exceeded)
+            if op_key is not None:
+                txn.save(self.operations.records, ns, op_key, new_op, op)
+            return None, (new, out)
 
-        return self.store.transact(declared, decide)
+        return self._update(
+            principal,
+            ns,
+            task_id,
+            step,
+            [*self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)],
+        )
 
     def tool_result(
         self, principal: Principal, ns: str, task_id: str, call_id: str, res: ToolResult
@@ -450,39 +411,32 @@ class TaskService:
         parts before the transaction) and its verdict replaces the caller's
         evidence.
         """
-        key = keys.task(ns, task_id)
-        check_name = self._tool_check(principal, key, task_id, call_id)
+        check_name = self._tool_check(principal, ns, task_id, call_id)
         data = check_input(res.result, res.receipt)
-        fetched = self.checks.checks.prefetch(check_name, data) if check_name else {}
-        now = self.clock()
+        fetched = self.checks.configured.prefetch(check_name, data) if check_name else {}
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, ResultOutcome, CheckResult | None]]:
-            task = self._scoped(principal, snap.get(key), task_id)
+        def step(
+            task: Task, txn: Txn
+        ) -> tuple[Task | None, tuple[Task, ResultOutcome, CheckResult | None]]:
             call = task.call(call_id)
             op = None
             op_key = None
             if call is not None and call.operation_id and call.kind is CallKind.WRITE:
-                op_key, op = self.operations.find(snap, ns, call.operation_id, task.workflow)
-            plan: Plan[tuple[Task, ResultOutcome, CheckResult | None]] = Plan(
-                (task, ResultOutcome(core.ResultDecision.RECORDED, None), None)
-            )
+                op_key, op = self.operations.find(txn, ns, call.operation_id, task.workflow)
             checked: CheckResult | None = None
             given = res
             if check_name is not None and call is not None:
-                part = self.checks.store_part(
-                    snap, plan, principal, ns, task_id, now, scope=call.tool
-                )
-                checked = self.checks.checks.run(check_name, data, fetched, part)
+                part = self.checks.store_part(txn, principal, ns, task_id, scope=call.tool)
+                checked = self.checks.configured.run(check_name, data, fetched, part)
                 given = replace(res, check=verdict(checked))
-            new, new_op, out = core.record_result(task, call_id, given, op, now)
-            plan.result = (new, out, checked)
-            self._write_task(plan, snap, ns, new, now, task)
-            self._write_op(plan, ns, new_op, op_key)
-            return plan
+            new, new_op, out = core.record_result(task, call_id, given, op, txn.now)
+            if op_key is not None:
+                txn.save(self.operations.records, ns, op_key, new_op, op)
+            return new, (new, out, checked)
 
-        return self.store.transact([key], decide)
+        return self._update(principal, ns, task_id, step)
 
-    def _tool_check(self, principal: Principal, key: str, task_id: str, call_id: str) -> str | None:
+    def _tool_check(self, principal: Principal, ns: str, task_id: str, call_id: str) -> str | None:
         """The check configured for the tool of ``call_id`` (read before any I/O).
 
         Without any tool check configured there is nothing to look up: the
@@ -490,7 +444,7 @@ class TaskService:
         """
         if not any(tool.check for tool in self.settings.tools.values()):
             return None
-        task = self._scoped(principal, self.store.get(key), task_id)
+        task = self.get(principal, ns, task_id)
         call = task.call(call_id)
         if call is None or call.status is not core.CallStatus.PENDING:
             return None  # the core answers 404 / 409; nothing is asked outside
@@ -513,66 +467,45 @@ class TaskService:
 
         :raises ValidationFailed: the named check does not exist.
         """
-        key = keys.task(ns, task_id)
         exit_check = None
         if check is not None or any(p.exit_check for p in self.settings.policies.values()):
             # A check may apply: read the task first, so that the exit check of
             # its policy is known and nothing is asked outside for a task that
             # is not there or not the caller's (NotFound / Forbidden first).
-            task = self._scoped(principal, self.store.get(key), task_id)
+            task = self.get(principal, ns, task_id)
             policy = self.settings.policies.get(task.policy or "")
             exit_check = policy.exit_check if policy is not None else None
-        if exit_check is not None and check not in (None, exit_check):
-            raise ValidationFailed(
-                [
-                    {
-                        "loc": ["body", "check"],
-                        "msg": f"the policy completes only through its exit check {exit_check!r}",
-                    }
-                ]
-            )
-        name = exit_check or check
-        if name is not None and name not in self.checks.checks:
+        name = core.exit_check(exit_check, check)
+        if name is not None and name not in self.checks.configured:
             raise ValidationFailed([{"loc": ["body", "check"], "msg": f"no check {name!r}"}])
         if name is not None:
             self.checks.require_open(principal, name, task.workflow)
-        fetched = self.checks.checks.prefetch(name, data) if name else {}
-        now = self.clock()
+        fetched = self.checks.configured.prefetch(name, data) if name else {}
 
-        def decide(snap: Snapshot) -> Plan[tuple[Task, CompleteOutcome, CheckResult | None]]:
-            task = self._scoped(principal, snap.get(key), task_id)
-            plan: Plan[tuple[Task, CompleteOutcome, CheckResult | None]] = Plan(
-                (task, CompleteOutcome(CompleteDecision.ENDED, None), None)
-            )
+        def step(
+            task: Task, txn: Txn
+        ) -> tuple[Task | None, tuple[Task, CompleteOutcome, CheckResult | None]]:
             checked = None
             if name is not None:
-                part = self.checks.store_part(snap, plan, principal, ns, task_id, now)
-                checked = self.checks.checks.run(name, data, fetched, part)
+                part = self.checks.store_part(txn, principal, ns, task_id)
+                checked = self.checks.configured.run(name, data, fetched, part)
             passed = None if checked is None else checked.passed
             ev = evidence
             if checked is not None and checked.revision is not None:
                 ev = Evidence(revision=checked.revision)
-            new, outcome = core.complete(task, ev, passed, now)
-            plan.result = (new, outcome, checked)
-            if new != task:
-                self._write_task(plan, snap, ns, new, now, task)
-            return plan
+            new, outcome = core.complete(task, ev, passed, txn.now)
+            return new, (new, outcome, checked)
 
-        return self.store.transact([key], decide)
+        return self._update(principal, ns, task_id, step)
 
     def stop(self, principal: Principal, ns: str, task_id: str) -> Task:
-        now = self.clock()
-        key = keys.task(ns, task_id)
+        """Stop a task (sticky ``stopped``, ``operator_stop``).
 
-        def decide(snap: Snapshot) -> Plan[Task]:
-            task = self._scoped(principal, snap.get(key), task_id)
-            new = core.stop(task, now)
-            plan: Plan[Task] = Plan(new)
-            if new != task:
-                self._write_task(plan, snap, ns, new, now, task)
-            return plan
-
-        return self.store.transact([key], decide)
+        :raises NotFound, Forbidden, StoreUnavailable:
+        """
+        return self._update(
+            principal, ns, task_id, lambda task, txn: _same(core.stop(task, txn.now))
+        )
 
     def resume(
         self,
@@ -582,25 +515,23 @@ class TaskService:
         reason: str,
         extend: Mapping[str, Any] | None,
     ) -> Task:
-        """:raises Forbidden: ``extend`` without an admin token.
+        """:raises Forbidden: ``extend`` without an admin token, or a stopped
+            task resumed without one (:func:`sidecar.core.tasks.require_resumable`).
         :raises StateConflict: see :func:`sidecar.core.tasks.resume`."""
         if extend:
             principal.require_admin()
-        now = self.clock()
-        key = keys.task(ns, task_id)
 
-        def decide(snap: Snapshot) -> Plan[Task]:
-            task = self._scoped(principal, snap.get(key), task_id)
-            if task.status is core.TaskStatus.STOPPED and not principal.admin:
-                raise Forbidden("a stopped task is resumed by an admin token only")
+        def step(task: Task, txn: Txn) -> tuple[Task | None, Task]:
+            core.require_resumable(task, principal.admin)
             ops = {
-                oid: self.operations.find(snap, ns, oid, task.workflow)[1]
-                for oid in task.operations
+                oid: self.operations.find(txn, ns, oid, task.workflow)[1] for oid in task.operations
             }
-            unknown = core.unknown_operations(ops, now)
-            new = core.resume(task, reason, extend, principal.name, unknown, now)
-            plan: Plan[Task] = Plan(new)
-            self._write_task(plan, snap, ns, new, now, task)
-            return plan
+            unknown = core.unknown_operations(ops, txn.now)
+            return _same(core.resume(task, reason, extend, principal.name, unknown, txn.now))
 
-        return self.store.transact([key], decide)
+        return self._update(principal, ns, task_id, step)
+
+
+def _same(task: Task) -> tuple[Task, Task]:
+    """A step whose new task is also its answer."""
+    return task, task

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from sidecar.core.stops import StopScope
 from sidecar.core.tasks.limits import TaskLimits, from_micros
 from sidecar.core.tasks.outcomes import (
     NEXT_ACTIONS,
@@ -33,7 +34,7 @@ from sidecar.core.tasks.outcomes import (
     TaskStatus,
 )
 from sidecar.core.tasks.state import Envelope, Evidence, Task
-from sidecar.errors import StateConflict
+from sidecar.errors import Forbidden, StateConflict, ValidationFailed
 
 
 def new_task(
@@ -136,6 +137,45 @@ def complete(
             CompleteDecision.ENDED, EndReason.NO_PROGRESS
         )
     return task, CompleteOutcome(CompleteDecision.CONTINUE, CompleteReason.CHECK_FAILED)
+
+
+def stopped_by(scope: StopScope | None) -> EndReason | None:
+    """The end reason of a task covered by a sticky stop
+    (:func:`sidecar.core.stops.covering`); None when no stop covers it."""
+    if scope is None:
+        return None
+    if scope is StopScope.WORKFLOW:
+        return EndReason.WORKFLOW_STOPPED
+    return EndReason.CHAIN_STOPPED
+
+
+def exit_check(policy_exit_check: str | None, named: str | None) -> str | None:
+    """The check a completion runs: a policy with an ``exit_check`` completes
+    only through it; else the check the request names (None: trusted evidence).
+
+    :raises ValidationFailed: the request names another check than the policy's.
+    """
+    if policy_exit_check is not None and named not in (None, policy_exit_check):
+        raise ValidationFailed(
+            [
+                {
+                    "loc": ["body", "check"],
+                    "msg": "the policy completes only through its exit check "
+                    f"{policy_exit_check!r}",
+                }
+            ]
+        )
+    return policy_exit_check or named
+
+
+def require_resumable(task: Task, admin: bool) -> None:
+    """A task ended ``stopped`` (an operator's or a sticky stop's decision) is
+    resumed by an admin token only; any other ended task by its workflow's token.
+
+    :raises Forbidden: a stopped task and ``admin`` False.
+    """
+    if task.status is TaskStatus.STOPPED and not admin:
+        raise Forbidden("a stopped task is resumed by an admin token only")
 
 
 def stop(task: Task, now: float, reason: EndReason = EndReason.OPERATOR_STOP) -> Task:

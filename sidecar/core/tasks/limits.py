@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sidecar.errors import Forbidden
+
 #: Micro-units in one unit of the currency.
 MICROS = 1_000_000
 
@@ -228,3 +230,17 @@ def loosened(base: TaskLimits, asked: TaskLimits) -> list[str]:
         elif value is None or value > limit:
             out.append(name)
     return out
+
+
+def require_tightened(base: TaskLimits, asked: TaskLimits, admin: bool) -> None:
+    """Only an admin may loosen limits: a request may only tighten the
+    configured or policy limits ``base`` (see :func:`loosened`).
+
+    :raises Forbidden: ``asked`` loosens a limit and ``admin`` is False.
+    """
+    raised = [] if admin else loosened(base, asked)
+    if raised:
+        raise Forbidden(
+            f"raising {', '.join(raised)} above the configured or policy limits needs "
+            "an admin token (a request may only tighten them)"
+        )
