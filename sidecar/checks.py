@@ -21,7 +21,7 @@ Kinds:
 - ``json_schema``: the input (or a JMESPath into it) validates against a
   JSON Schema (draft 2020-12).
 - ``cursor``: pagination lineage per task; pure store logic, see
-  :func:`cursor_step`.
+  :func:`sidecar.core.checks.cursor_step`.
 - ``operations``: every listed operation id is ``committed``.
 - ``all`` / ``any``: combinations.
 
@@ -40,9 +40,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -58,25 +56,29 @@ from sidecar.config import (
     JsonSchemaCheck,
     OperationsCheck,
 )
+from sidecar.core.checks import (
+    CANNOT_RUN,
+    MAX_LINEAGE_IDS,
+    CheckReason,
+    CheckResult,
+    Lineage,
+    combine,
+    cursor_step,
+)
 from sidecar.errors import ChecksBusy
 
+__all__ = [
+    "CANNOT_RUN",
+    "MAX_LINEAGE_IDS",
+    "CheckReason",
+    "CheckResult",
+    "Checks",
+    "Lineage",
+    "StorePart",
+    "combine",
+    "cursor_step",
+]
 
-class CheckReason(StrEnum):
-    PASSED = "passed"
-    UNEXPECTED_STATUS = "unexpected_status"
-    ASSERTION_FAILED = "assertion_failed"
-    SCHEMA_INVALID = "schema_invalid"
-    CYCLE = "cycle"
-    NO_NEW_RECORDS = "no_new_records"
-    NOT_COMMITTED = "not_committed"
-    UNREACHABLE = "unreachable"
-    TIMEOUT = "timeout"
-    BAD_RESPONSE = "bad_response"
-    MISSING_INPUT = "missing_input"
-
-
-#: Reasons that mean the system of record could not answer (nothing was learned).
-CANNOT_RUN = frozenset({CheckReason.UNREACHABLE, CheckReason.TIMEOUT, CheckReason.BAD_RESPONSE})
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
@@ -84,31 +86,6 @@ _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 MAX_RESPONSE_BYTES = 1_048_576
 #: Revisions are integers a double holds exactly (RFC 7493).
 MAX_REVISION = 2**53 - 1
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """A verdict: ``passed``, the ``reason``, an optional ``revision`` and evidence.
-
-    ``evidence`` never holds secrets (no request headers).
-    """
-
-    passed: bool
-    reason: CheckReason
-    revision: int | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def cannot_run(self) -> bool:
-        return self.reason in CANNOT_RUN
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "reason": str(self.reason),
-            "revision": self.revision,
-            "evidence": self.evidence,
-        }
 
 
 def fill_url(template: str, data: Any) -> str:
@@ -267,67 +244,6 @@ def run_json_schema(cfg: JsonSchemaCheck, data: Any) -> CheckResult:
             },
         )
     return CheckResult(True, CheckReason.PASSED)
-
-
-@dataclass(frozen=True)
-class Lineage:
-    """What a task has paged through: cursors seen, record-id fingerprints seen
-    (the most recent :data:`MAX_LINEAGE_IDS`) and how many distinct ids in all."""
-
-    cursors: tuple[str, ...] = ()
-    ids: tuple[str, ...] = ()
-    count: int = 0
-
-
-#: How many record ids (as short fingerprints) one lineage keeps.
-MAX_LINEAGE_IDS = 50_000
-
-
-def cursor_step(
-    lineage: Lineage, cursor_fp: str | None, id_fps: Iterable[str]
-) -> tuple[Lineage, CheckResult]:
-    """One page of a pagination lineage (pure).
-
-    A page with record ids not seen before passes, whatever its cursor (some
-    APIs advance server-side behind a constant handle); a cursor seen before
-    with no new ids fails ``cycle``; any other page with no new ids fails
-    ``no_new_records``. The revision is the number of distinct ids seen.
-    """
-    seen = set(lineage.ids)
-    fresh = list(dict.fromkeys(i for i in id_fps if i not in seen))
-    repeated_cursor = cursor_fp is not None and cursor_fp in lineage.cursors
-    ids = (*lineage.ids, *fresh)[-MAX_LINEAGE_IDS:]
-    cursors = (
-        lineage.cursors if cursor_fp is None or repeated_cursor else (*lineage.cursors, cursor_fp)
-    )
-    new = Lineage(tuple(cursors)[-1000:], tuple(ids))
-    evidence = {
-        "new_records": len(fresh),
-        "records_seen": len(ids),
-        "cursor_seen_before": repeated_cursor,
-    }
-    if fresh:
-        return new, CheckResult(True, CheckReason.PASSED, len(ids), evidence)
-    reason = CheckReason.CYCLE if repeated_cursor else CheckReason.NO_NEW_RECORDS
-    return new, CheckResult(False, reason, len(ids), evidence)
-
-
-def combine(kind: str, results: list[CheckResult]) -> CheckResult:
-    """``all``: every part passes (the first failure's reason otherwise);
-    ``any``: one part passes. Revision: the highest a part reported."""
-    revisions = [r.revision for r in results if r.revision is not None]
-    revision = max(revisions) if revisions else None
-    evidence = {"parts": [r.as_dict() for r in results]}
-    if kind == "all":
-        failed = next((r for r in results if not r.passed), None)
-        if failed is None:
-            return CheckResult(True, CheckReason.PASSED, revision, evidence)
-        return CheckResult(False, failed.reason, revision, evidence)
-    passed = next((r for r in results if r.passed), None)
-    if passed is not None:
-        return CheckResult(True, CheckReason.PASSED, revision, evidence)
-    reason = results[-1].reason if results else CheckReason.ASSERTION_FAILED
-    return CheckResult(False, reason, revision, evidence)
 
 
 StorePart = Callable[[str, Any], CheckResult]

@@ -10,8 +10,9 @@ import jmespath
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
-from sidecar.checks import CheckReason, CheckResult, Checks, Lineage, StorePart, cursor_step
+from sidecar.checks import Checks, StorePart
 from sidecar.config import CursorCheck, OperationsCheck
+from sidecar.core.checks import CheckReason, CheckResult, Lineage, cursor_step
 from sidecar.core.operations import OperationState, observe
 from sidecar.core.tasks import CheckVerdict, Task
 from sidecar.errors import Forbidden, NotFound

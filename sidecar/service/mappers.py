@@ -5,21 +5,25 @@ says, for each record the services keep, how its document maps to the
 core's record, how long the store keeps it and which indexes follow it.
 Every mapper is used through :class:`sidecar.service.records.Txn`.
 
-==================  ====================================  ==========================
-mapper              record (core)                          TTL
-==================  ====================================  ==========================
-:class:`Operations` :class:`~sidecar.core.operations.Operation`  the core's retention
-:class:`Tasks`      :class:`~sidecar.core.tasks.Task`      deadline + retention, or
-                                                           retention after its end
-:class:`Chains`     :class:`~sidecar.core.gate.Chain`      until the chain expires
-:data:`STOPS`       :class:`~sidecar.core.gate.Stop`       none: sticky until resumed
-:func:`chain_stop`  :class:`~sidecar.core.gate.Stop`       the chain's life
-:data:`EFFECTS`     :class:`~sidecar.core.gate.Effect`     until the effect expires
-:data:`LINKS`       :class:`~sidecar.core.gate.Link`       until the effect expires
-:func:`window`      :class:`~sidecar.core.gate.Seen`       the dedupe window
-:func:`subject_rate` :class:`~sidecar.core.gate.RateLog`   the rate window
-:func:`lineages`    :class:`~sidecar.checks.Lineage`       the checks' retention
-==================  ====================================  ==========================
+====================  ==============================  ================================
+mapper                record (core)                   TTL
+====================  ==============================  ================================
+``Operations``        ``core.operations.Operation``   the core's retention
+``Tasks``             ``core.tasks.Task``             deadline + retention, or
+                                                      retention after the task ended
+``Chains``            ``core.gate.Chain``             until the chain expires
+``STOPS``             ``core.stops.Stop``             none: sticky until resumed
+``chain_stop()``      ``core.stops.Stop``             the chain's life
+``EFFECTS``           ``core.gate.Effect``            until the effect expires
+``LINKS``             ``core.gate.Link``              until the effect expires
+``window()``          ``core.gate.Seen``              the dedupe window
+``subject_rate()``    ``core.gate.RateLog``           the rate window
+``lineages()``        ``core.checks.Lineage``         the checks' retention
+====================  ==============================  ================================
+
+A workflow's activation counters are not records: they are incremented at
+commit (:meth:`Txn.increment`) and read without being compared
+(:meth:`Txn.tolerate`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from typing import Any, Generic, TypeVar
 from sidecar import metrics
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
-from sidecar.checks import Lineage
 from sidecar.core import operations as ops_core
+from sidecar.core.checks import Lineage
 from sidecar.core.gate import Chain, Effect, Link, RateLog, Seen
 from sidecar.core.operations import OPEN_STATES, Operation, OperationPolicy
 from sidecar.core.outliers import Exceeded

@@ -1,0 +1,118 @@
+"""Check verdicts and the checks' pure rules (DESIGN §4): reasons, results,
+the pagination lineage of a ``cursor`` check and how ``all`` / ``any``
+combine their parts. Running a check (HTTP, JSON Schema) is
+:mod:`sidecar.checks`; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class CheckReason(StrEnum):
+    """Why a check passed or failed (a closed set: metrics label values)."""
+
+    PASSED = "passed"
+    UNEXPECTED_STATUS = "unexpected_status"
+    ASSERTION_FAILED = "assertion_failed"
+    SCHEMA_INVALID = "schema_invalid"
+    CYCLE = "cycle"
+    NO_NEW_RECORDS = "no_new_records"
+    NOT_COMMITTED = "not_committed"
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    BAD_RESPONSE = "bad_response"
+    MISSING_INPUT = "missing_input"
+
+
+#: Reasons that mean the system of record could not answer (nothing was learned).
+CANNOT_RUN = frozenset({CheckReason.UNREACHABLE, CheckReason.TIMEOUT, CheckReason.BAD_RESPONSE})
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A verdict: ``passed``, the ``reason``, an optional ``revision`` and evidence.
+
+    ``evidence`` never holds secrets (no request headers).
+    """
+
+    passed: bool
+    reason: CheckReason
+    revision: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cannot_run(self) -> bool:
+        return self.reason in CANNOT_RUN
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "reason": str(self.reason),
+            "revision": self.revision,
+            "evidence": self.evidence,
+        }
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What a task has paged through: cursors seen, record-id fingerprints seen
+    (the most recent :data:`MAX_LINEAGE_IDS`) and how many distinct ids in all."""
+
+    cursors: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    count: int = 0
+
+
+#: How many record ids (as short fingerprints) one lineage keeps.
+MAX_LINEAGE_IDS = 50_000
+
+
+def cursor_step(
+    lineage: Lineage, cursor_fp: str | None, id_fps: Iterable[str]
+) -> tuple[Lineage, CheckResult]:
+    """One page of a pagination lineage (pure).
+
+    A page with record ids not seen before passes, whatever its cursor (some
+    APIs advance server-side behind a constant handle); a cursor seen before
+    with no new ids fails ``cycle``; any other page with no new ids fails
+    ``no_new_records``. The revision is the number of distinct ids seen.
+    """
+    seen = set(lineage.ids)
+    fresh = list(dict.fromkeys(i for i in id_fps if i not in seen))
+    repeated_cursor = cursor_fp is not None and cursor_fp in lineage.cursors
+    ids = (*lineage.ids, *fresh)[-MAX_LINEAGE_IDS:]
+    cursors = (
+        lineage.cursors if cursor_fp is None or repeated_cursor else (*lineage.cursors, cursor_fp)
+    )
+    new = Lineage(tuple(cursors)[-1000:], tuple(ids))
+    evidence = {
+        "new_records": len(fresh),
+        "records_seen": len(ids),
+        "cursor_seen_before": repeated_cursor,
+    }
+    if fresh:
+        return new, CheckResult(True, CheckReason.PASSED, len(ids), evidence)
+    reason = CheckReason.CYCLE if repeated_cursor else CheckReason.NO_NEW_RECORDS
+    return new, CheckResult(False, reason, len(ids), evidence)
+
+
+def combine(kind: str, results: list[CheckResult]) -> CheckResult:
+    """``all``: every part passes (the first failure's reason otherwise);
+    ``any``: one part passes. Revision: the highest a part reported."""
+    revisions = [r.revision for r in results if r.revision is not None]
+    revision = max(revisions) if revisions else None
+    evidence = {"parts": [r.as_dict() for r in results]}
+    if kind == "all":
+        failed = next((r for r in results if not r.passed), None)
+        if failed is None:
+            return CheckResult(True, CheckReason.PASSED, revision, evidence)
+        return CheckResult(False, failed.reason, revision, evidence)
+    passed = next((r for r in results if r.passed), None)
+    if passed is not None:
+        return CheckResult(True, CheckReason.PASSED, revision, evidence)
+    reason = results[-1].reason if results else CheckReason.ASSERTION_FAILED
+    return CheckResult(False, reason, revision, evidence)
