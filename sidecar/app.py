@@ -25,7 +25,7 @@ from sidecar.auth import TokenTable, auth_failure, check_host, check_origin
 from sidecar.canonical import build_fingerprinter
 from sidecar.checks import Checks
 from sidecar.config import Settings, load_settings
-from sidecar.core.operations import Operation, OperationPolicy
+from sidecar.core.operations import Operation
 from sidecar.errors import ConfigError, LoopstopError, UnsupportedMediaType
 from sidecar.runtime import Runtime
 from sidecar.service.checks import CheckService
@@ -109,11 +109,7 @@ def create_app(
     ops = OperationService(
         store,
         fingerprinter,
-        OperationPolicy(
-            settings.operations.max_attempts,
-            settings.operations.retention_s,
-            settings.operations.max_open_per_workflow,
-        ),
+        settings.operations.to_core(),
         settings.operations.lease_s,
         clock,
         configured_checks,

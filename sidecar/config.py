@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sidecar.core.gate import ChainLimits
+from sidecar.core.operations import DEFAULT_LEASE_S, OperationPolicy
 from sidecar.core.tasks.limits import TaskLimits
 from sidecar.errors import ConfigError
 
@@ -57,6 +59,8 @@ class TokenConfig(_Section):
 
 
 _TASK = TaskLimits()
+_CHAIN = ChainLimits()
+_LEDGER = OperationPolicy()
 MaxRetries = Annotated[int, Field(ge=0, le=1000)]
 MaxTokens = Annotated[int, Field(ge=1, le=10**10)]
 Ratio = Annotated[float, Field(gt=0, le=1)]
@@ -123,16 +127,22 @@ class ToolConfig(_Section):
 
 
 class ChainPolicy(_Section):
-    """Chain limits for a workflow (DESIGN §2); windows in seconds."""
+    """Chain limits for a workflow (DESIGN §2); windows in seconds. The defaults
+    are the core's (:class:`sidecar.core.gate.ChainLimits`); this section
+    validates into it."""
 
-    max_depth: Annotated[int, Field(ge=0)] = 3
-    max_activations: PositiveInt = 20
-    rate_limit: PositiveInt = 10
-    rate_window_s: Seconds = 3600
-    workflow_rate_limit: PositiveInt = 10_000
-    workflow_rate_window_s: Seconds = 3600
-    dedupe_window_s: Seconds = 3600
-    chain_ttl_s: Seconds = 86_400
+    max_depth: Annotated[int, Field(ge=0)] = _CHAIN.max_depth
+    max_activations: PositiveInt = _CHAIN.max_activations
+    rate_limit: PositiveInt = _CHAIN.rate_limit
+    rate_window_s: Seconds = _CHAIN.rate_window_s
+    workflow_rate_limit: PositiveInt = _CHAIN.workflow_rate_limit
+    workflow_rate_window_s: Seconds = _CHAIN.workflow_rate_window_s
+    dedupe_window_s: Seconds = _CHAIN.dedupe_window_s
+    chain_ttl_s: Seconds = _CHAIN.chain_ttl_s
+
+    def to_core(self) -> ChainLimits:
+        """These limits as the core's :class:`~sidecar.core.gate.ChainLimits`."""
+        return ChainLimits(**self.model_dump())
 
 
 class ChainPolicyOverride(_Section):
@@ -163,12 +173,17 @@ class ChainsConfig(_Section):
 class OperationsConfig(_Section):
     """Ledger settings: default lease, attempts before ``exhausted``, retention, and
     how many open operations (in progress or unknown) one workflow may hold
-    before a new begin is refused (429)."""
+    before a new begin is refused (429). The defaults are the core's
+    (:class:`sidecar.core.operations.OperationPolicy`); this section validates into it."""
 
-    lease_s: Seconds = 60
-    max_attempts: Count = 3
-    retention_s: Seconds = 604_800
-    max_open_per_workflow: Count = 10_000
+    lease_s: Seconds = DEFAULT_LEASE_S
+    max_attempts: Count = _LEDGER.max_attempts
+    retention_s: Seconds = _LEDGER.retention_s
+    max_open_per_workflow: Count = _LEDGER.max_open_per_workflow
+
+    def to_core(self) -> OperationPolicy:
+        """The ledger's policy (:class:`~sidecar.core.operations.OperationPolicy`)."""
+        return OperationPolicy(self.max_attempts, self.retention_s, self.max_open_per_workflow)
 
 
 class TasksConfig(_Section):

@@ -183,8 +183,12 @@ class OperationPolicy:
     how many open operations (in progress or unknown) one workflow may hold."""
 
     max_attempts: int = 3
-    retention_s: float = 604_800.0
+    retention_s: float = 604_800
     max_open_per_workflow: int = 10_000
+
+
+#: The lease a ``begin`` holds when neither it nor the configuration names one (s).
+DEFAULT_LEASE_S = 60
 
 
 def check_open_room(

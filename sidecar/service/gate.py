@@ -104,7 +104,7 @@ class GateService:
 
     def limits(self, workflow: str | None) -> ChainLimits:
         """The chain policy of ``workflow`` (defaults plus its overrides)."""
-        return ChainLimits(**self.chains.for_workflow(workflow).model_dump())
+        return self.chains.for_workflow(workflow).to_core()
 
     # -- fingerprints ------------------------------------------------------------
 
