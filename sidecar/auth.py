@@ -24,6 +24,7 @@ import logging
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from urllib.parse import urlsplit
 
 from sidecar.config import TokenConfig
@@ -78,6 +79,13 @@ class Principal:
         """:raises Forbidden: when the token is not ``admin``."""
         if not self.admin:
             raise Forbidden(f"token {self.name!r} is not an admin token")
+
+
+class LoginDecision(StrEnum):
+    """What an operator-page login logs: in, or refused while throttled."""
+
+    LOGGED_IN = "logged_in"
+    THROTTLED = "throttled"
 
 
 #: The principal of a server with no tokens configured (loopback only).

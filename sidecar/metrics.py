@@ -118,9 +118,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 def _known_reasons() -> frozenset[str]:
-    from sidecar.checks import CheckReason
+    """Every decision and reason the product names: the members of its enums."""
+    from sidecar.auth import LoginDecision
     from sidecar.core import tasks
-    from sidecar.core.gate import ActivationDecision, ActivationReason
+    from sidecar.core.checks import CheckDecision, CheckReason
+    from sidecar.core.gate import ActivationDecision, ActivationReason, EffectDecision
     from sidecar.core.operations import (
         BeginDecision,
         BeginReason,
@@ -128,11 +130,16 @@ def _known_reasons() -> frozenset[str]:
         OperationState,
         ReconcileOutcome,
     )
+    from sidecar.core.stops import StopDecision
 
     enums = (
+        CheckDecision,
         CheckReason,
         ActivationDecision,
         ActivationReason,
+        EffectDecision,
+        StopDecision,
+        LoginDecision,
         *tasks.DECISION_ENUMS,
         BeginDecision,
         BeginReason,
@@ -151,17 +158,7 @@ def label(value: str) -> str:
     ``other`` (an operator's free-text stop reason must not become a series)."""
     global _KNOWN
     if _KNOWN is None:
-        _KNOWN = _known_reasons() | {
-            "",
-            "untracked",
-            "registered",
-            "stopped",
-            "resumed",
-            "passed",
-            "failed",
-            "logged_in",
-            "wrap_up",
-        }
+        _KNOWN = _known_reasons() | {""}
     return value if value in _KNOWN else "other"
 
 

@@ -27,7 +27,8 @@ from sidecar.api.decisions import log_decision
 from sidecar.api.models import ModeQuery, rfc3339
 from sidecar.api.openapi import route
 from sidecar.core.executions import of_mode
-from sidecar.core.stops import Stop
+from sidecar.core.gate import EffectDecision
+from sidecar.core.stops import Stop, StopDecision
 from sidecar.errors import ValidationFailed
 from sidecar.markers import CHAIN_ID_PATTERN
 from sidecar.runtime import runtime
@@ -135,7 +136,7 @@ def register_effect() -> Response:
     )
     log_decision(
         "effects",
-        "registered",
+        EffectDecision.REGISTERED,
         None,
         workflow=effect.workflow,
         chain_id=chain.chain_id,
@@ -231,7 +232,7 @@ def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bo
     route_name = "chains.stop" if stopped else "chains.resume"
     log_decision(
         route_name,
-        "stopped" if stopped else "resumed",
+        StopDecision.STOPPED if stopped else StopDecision.RESUMED,
         reason or None,
         chain_id=chain_id,
         workflow=info.chain.workflow,
@@ -297,7 +298,7 @@ def stop_workflow(workflow: str) -> Response:
     rt.stops.record(ns, "workflow", workflow, cancellation, rt.settings.operations.retention_s)
     log_decision(
         "workflows.stop",
-        "stopped",
+        StopDecision.STOPPED,
         body.reason,
         workflow=workflow,
         cancellation=str(cancellation.state),
@@ -321,5 +322,5 @@ def resume_workflow(workflow: str) -> Response:
     body = parse_body(ResumeBody)
     ns = keys.namespace(body.execution_mode)
     stop = runtime().gate.stop_workflow(g.principal, ns, workflow, body.reason or "", stopped=False)
-    log_decision("workflows.resume", "resumed", body.reason, workflow=workflow)
+    log_decision("workflows.resume", StopDecision.RESUMED, body.reason, workflow=workflow)
     return _workflow_answer(workflow, stop, ns)

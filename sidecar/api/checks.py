@@ -12,6 +12,7 @@ from sidecar.api.decisions import log_decision
 from sidecar.api.models import RequestBody
 from sidecar.api.openapi import route
 from sidecar.api.task_models import TASK_ID_PATTERN, CheckView
+from sidecar.core.checks import CheckDecision
 from sidecar.errors import ValidationFailed
 from sidecar.runtime import runtime
 from sidecar.service import keys
@@ -70,7 +71,7 @@ def run_check(name: str) -> Response:
     result = runtime().checks.run(g.principal, ns, name, body.input, body.task_id)
     log_decision(
         "checks.run",
-        "passed" if result.passed else "failed",
+        CheckDecision.of(result.passed),
         result.reason,
         check=name,
         task_id=body.task_id,

@@ -17,6 +17,7 @@ from flask import Blueprint, Response, g, has_request_context, jsonify, stream_w
 from sidecar import metrics
 from sidecar.api.body import read_json_object
 from sidecar.api.decisions import log_decision
+from sidecar.core.tasks import TurnDecision
 from sidecar.runtime import runtime
 from sidecar.service.model_gate import Api, GateAnswer, TurnRecord, UpstreamError
 
@@ -25,7 +26,8 @@ bp = Blueprint("model_gate", __name__, url_prefix="/v1/openai")
 
 def _log(record: TurnRecord) -> None:
     if record.task_id is not None:  # a tracked turn: refused, or admitted whatever followed
-        metrics.MODEL_TURNS.labels("deny" if record.decision == "deny" else "admit").inc()
+        deny = record.decision == TurnDecision.DENY
+        metrics.MODEL_TURNS.labels(str(TurnDecision.DENY if deny else TurnDecision.ADMIT)).inc()
     if record.tokens:
         metrics.MODEL_TOKENS.inc(record.tokens)
     log_decision(

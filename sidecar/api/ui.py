@@ -36,11 +36,11 @@ from flask import (
 )
 
 from sidecar.api.decisions import log_decision
-from sidecar.auth import ANONYMOUS, Principal, auth_failure
+from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
 from sidecar.core.executions import of_mode
 from sidecar.core.gate import Chain
 from sidecar.core.operations import OperationState, ReconcileOutcome
-from sidecar.core.stops import Stop
+from sidecar.core.stops import Stop, StopDecision
 from sidecar.core.tasks import Task
 from sidecar.errors import Forbidden, LoopstopError, MalformedRequest, Unauthenticated
 from sidecar.runtime import Runtime, runtime
@@ -192,14 +192,16 @@ def login() -> Response:
         failures = _throttle().failed(address, now)
         auth_failure(exc, request.path, address, None)
         if failures >= FREE_FAILURES:
-            log_decision("ui.login", "throttled", None, client=address, failures=failures)
+            log_decision(
+                "ui.login", LoginDecision.THROTTLED, None, client=address, failures=failures
+            )
         return _login_page("That token matches no configured token.")
     _throttle().succeeded(address)
     session.clear()
     session["token"] = principal.name  # the name only, never the value
     session["sid"] = secrets.token_urlsafe(24)
     session["csrf"] = secrets.token_urlsafe(24)
-    log_decision("ui.login", "logged_in", None, token_name=principal.name)
+    log_decision("ui.login", LoginDecision.LOGGED_IN, None, token_name=principal.name)
     return redirect(url_for("ui.index"), code=303)  # type: ignore[return-value]
 
 
@@ -396,7 +398,7 @@ def stop_chain(chain_id: str) -> Response:
     info = rt.gate.stop_chain(principal, NS, chain_id, reason, stopped=True)
     ids = of_mode(info.chain.executions, "production")
     said = _cancelled("chain", chain_id, info.chain.expires_at - rt.clock(), ids)
-    log_decision("ui.chains.stop", "stopped", reason, chain_id=chain_id)
+    log_decision("ui.chains.stop", StopDecision.STOPPED, reason, chain_id=chain_id)
     return redirect(
         url_for("ui.index", done=f"chain {chain_id} stopped; {said}"),  # type: ignore[return-value]
         code=303,

@@ -28,6 +28,17 @@ class CheckReason(StrEnum):
     MISSING_INPUT = "missing_input"
 
 
+class CheckDecision(StrEnum):
+    """What ``POST /v1/checks/{name}`` logs."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+
+    @classmethod
+    def of(cls, passed: bool) -> CheckDecision:
+        return cls.PASSED if passed else cls.FAILED
+
+
 #: Reasons that mean the system of record could not answer (nothing was learned).
 CANNOT_RUN = frozenset({CheckReason.UNREACHABLE, CheckReason.TIMEOUT, CheckReason.BAD_RESPONSE})
 

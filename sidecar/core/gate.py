@@ -76,6 +76,12 @@ class ActivationReason(StrEnum):
     NEW_CHAIN = "new_chain"
 
 
+class EffectDecision(StrEnum):
+    """What ``POST /v1/effects`` logs: the effect is registered (it never refuses)."""
+
+    REGISTERED = "registered"
+
+
 def normalize_scalar(value: Any) -> Any:
     """The form a value takes for echo matching (DESIGN §2, "Field equality").
 

@@ -38,6 +38,13 @@ class StopScope(StrEnum):
     CHAIN = "chain"
 
 
+class StopDecision(StrEnum):
+    """What a stop or resume route logs."""
+
+    STOPPED = "stopped"
+    RESUMED = "resumed"
+
+
 def covering(workflow_stop: Stop | None, chain_stop: Stop | None) -> StopScope | None:
     """Which stop covers a request: its workflow's, else its chain's, else none."""
     if workflow_stop is not None:

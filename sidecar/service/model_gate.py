@@ -54,6 +54,8 @@ from sidecar.core.tasks import (
     Task,
     ToolDecision,
     ToolResult,
+    TurnDecision,
+    TurnReason,
 )
 from sidecar.errors import (
     GateNotConfigured,
@@ -530,7 +532,7 @@ class TurnRecord:
     :ivar tool_calls: ``(tool, decision, reason)`` per proposed call.
     """
 
-    decision: str
+    decision: TurnDecision
     reason: str | None
     task_id: str | None
     api: Api
@@ -541,6 +543,10 @@ class TurnRecord:
     tool_calls: list[tuple[str, str, str | None]] = field(default_factory=list)
     upstream_status: int | None = None
     cost: float | None = None
+
+    def upstream_failed(self, reason: str) -> None:
+        """Record that the upstream failed, and how."""
+        self.decision, self.reason = TurnDecision.UPSTREAM_ERROR, reason
 
 
 @dataclass
@@ -803,7 +809,7 @@ class ModelGate:
             reason = None if out.reason is None else str(out.reason)
             turn.record.tool_calls.append((call.tool, str(out.decision), reason))
             if out.decision is ToolDecision.DENY:
-                turn.record.decision, turn.record.reason = "deny_tool_call", reason
+                turn.record.decision, turn.record.reason = TurnDecision.DENY_TOOL_CALL, reason
                 if task.envelope is not None:
                     return task, final_message(task)
                 return task, (
@@ -837,7 +843,7 @@ class ModelGate:
         stream = bool(body.get("stream"))
         model = str(body.get("model") or self.config.default_model or "")
         lines = task_lines(system_texts(api, body))
-        record = TurnRecord("untracked", None, None, api, stream, lines.execution)
+        record = TurnRecord(TurnDecision.UNTRACKED, None, None, api, stream, lines.execution)
         turn = _Turn(api, principal, body, model, stream, record)
         task = self._find_task(turn, lines)
         record.task_id = turn.task_id
@@ -855,11 +861,11 @@ class ModelGate:
         )
         turn.reserved = (reserve or 0.0) if outcome.admitted else 0.0
         if not outcome.admitted:
-            record.decision = "deny"
+            record.decision = TurnDecision.DENY
             record.reason = None if outcome.reason is None else str(outcome.reason)
             return self._refusal(turn, task, None)
-        record.decision = "admit"
-        record.reason = "wrap_up" if outcome.wrap_up else None
+        record.decision = TurnDecision.ADMIT
+        record.reason = TurnReason.WRAP_UP if outcome.wrap_up else None
         forward = body
         if outcome.wrap_up:
             forward = copy.copy(body)
@@ -951,7 +957,7 @@ class ModelGate:
             resp = self._post(turn.api.path, payload, turn.stream)
         except UpstreamError as exc:
             turn.record.upstream_status = exc.status
-            turn.record.decision, turn.record.reason = "upstream_error", str(exc.status)
+            turn.record.upstream_failed(str(exc.status))
             exc.record = turn.record
             # The turn was admitted: the request counts, whatever the upstream did.
             self._count(turn, None, estimate_tokens(payload, 0), answered=False)
@@ -989,7 +995,7 @@ class ModelGate:
 
     @staticmethod
     def _bad_upstream(turn: _Turn, message: str) -> UpstreamError:
-        turn.record.decision, turn.record.reason = "upstream_error", "bad_upstream_response"
+        turn.record.upstream_failed(TurnReason.BAD_UPSTREAM_RESPONSE)
         exc = UpstreamError(502, _error(message, "bad_upstream_response"))
         exc.record = turn.record
         return exc
@@ -1024,13 +1030,13 @@ class ModelGate:
                 chunks.append(data)
         except _Cut:
             self._count(turn, None, estimate_tokens(payload, sum(map(len, chunks))))
-            turn.record.decision, turn.record.reason = "upstream_error", "timeout"
+            turn.record.upstream_failed(TurnReason.TIMEOUT)
             exc = UpstreamError(504, _error("the upstream model did not answer in time", "timeout"))
             exc.record = turn.record
             raise exc from None
         except Exception:  # requests' and urllib3's read and protocol errors
             self._count(turn, None, estimate_tokens(payload, sum(map(len, chunks))))
-            turn.record.decision, turn.record.reason = "upstream_error", "upstream_stream_cut"
+            turn.record.upstream_failed(TurnReason.UPSTREAM_STREAM_CUT)
             exc = UpstreamError(
                 502, _error("the upstream model's answer broke off", "upstream_stream_cut")
             )
@@ -1115,7 +1121,7 @@ class _Relay:
 
     def error_event(self, cut: _Cut) -> bytes:
         """An error the OpenAI client raises mid-stream (an event with an ``error`` member)."""
-        self.turn.record.decision = "upstream_error"
+        self.turn.record.decision = TurnDecision.UPSTREAM_ERROR
         self.turn.record.reason = cut.code
         body = _error(str(cut), cut.code, "upstream_error")
         return sse({"type": "error", **body, "message": str(cut), "code": cut.code}, "error")
@@ -1165,7 +1171,7 @@ class _ResponsesRelay(_Relay):
                 last_seq = data["sequence_number"]
             if kind == "error":
                 self.count(None)
-                self.turn.record.decision, self.turn.record.reason = "upstream_error", "error_event"
+                self.turn.record.upstream_failed(TurnReason.ERROR_EVENT)
                 yield self._raw(event)
                 return
             if kind in ("response.completed", "response.incomplete", "response.failed"):
@@ -1239,7 +1245,7 @@ class _ChatRelay(_Relay):
             chunk = self._json(event)
             if "error" in chunk:
                 self.count(None)
-                self.turn.record.decision, self.turn.record.reason = "upstream_error", "error_event"
+                self.turn.record.upstream_failed(TurnReason.ERROR_EVENT)
                 yield self._raw(event)
                 return
             base = base or chunk

@@ -85,6 +85,8 @@ from sidecar.core.tasks.outcomes import (
     TaskStatus,
     ToolDecision,
     ToolOutcome,
+    TurnDecision,
+    TurnReason,
 )
 from sidecar.core.tasks.results import CheckVerdict, ToolResult, record_result
 from sidecar.core.tasks.state import (
@@ -106,6 +108,8 @@ DECISION_ENUMS = (
     TaskStatus,
     EndReason,
     ModelDecision,
+    TurnDecision,
+    TurnReason,
     ToolDecision,
     DenyReason,
     ResultDecision,
@@ -152,6 +156,8 @@ __all__ = [
     "ToolDecision",
     "ToolOutcome",
     "ToolResult",
+    "TurnDecision",
+    "TurnReason",
     "Used",
     "admit_model_call",
     "admit_tool_call",

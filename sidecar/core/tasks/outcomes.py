@@ -125,6 +125,29 @@ class ModelDecision(StrEnum):
     DENY = "deny"
 
 
+class TurnDecision(StrEnum):
+    """How the model gate decided a turn it relayed (DESIGN §5): admitted or
+    denied as a task's model call, ``untracked`` (no task named: relayed,
+    counted nowhere), a proposed tool call denied, or the upstream failed."""
+
+    ADMIT = "admit"
+    DENY = "deny"
+    UNTRACKED = "untracked"
+    DENY_TOOL_CALL = "deny_tool_call"
+    UPSTREAM_ERROR = "upstream_error"
+
+
+class TurnReason(StrEnum):
+    """Reasons of a model-gate turn that are not a task's: an admitted turn
+    nears a budget (``wrap_up``), or how the upstream failed."""
+
+    WRAP_UP = "wrap_up"
+    ERROR_EVENT = "error_event"
+    BAD_UPSTREAM_RESPONSE = "bad_upstream_response"
+    TIMEOUT = "timeout"
+    UPSTREAM_STREAM_CUT = "upstream_stream_cut"
+
+
 class ToolDecision(StrEnum):
     """``POST /v1/tasks/{id}/tool-calls``."""
 
