@@ -28,8 +28,8 @@ from sidecar.config import Settings, load_settings
 from sidecar.core.operations import Operation
 from sidecar.errors import ConfigError, LoopstopError, UnsupportedMediaType
 from sidecar.runtime import Runtime
+from sidecar.service.chains import ChainService
 from sidecar.service.checks import CheckService
-from sidecar.service.gate import GateService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
 from sidecar.service.stops import StopService
@@ -144,7 +144,7 @@ def create_app(
         clock=clock,
         environ=env,
         operations=ops,
-        gate=GateService(store, fingerprinter, settings.chains, clock),
+        chains=ChainService(store, fingerprinter, settings.chains, clock),
         tasks=task_service,
         checks=check_service,
         model_gate=ModelGate(settings.model_gate, task_service, session, env),

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sidecar.core.gate import ChainLimits
+from sidecar.core.chains import ChainLimits
 from sidecar.core.operations import DEFAULT_LEASE_S, OperationPolicy
 from sidecar.core.tasks.limits import TaskLimits
 from sidecar.errors import ConfigError
@@ -128,7 +128,7 @@ class ToolConfig(_Section):
 
 class ChainPolicy(_Section):
     """Chain limits for a workflow (DESIGN §2); windows in seconds. The defaults
-    are the core's (:class:`sidecar.core.gate.ChainLimits`); this section
+    are the core's (:class:`sidecar.core.chains.ChainLimits`); this section
     validates into it."""
 
     max_depth: Annotated[int, Field(ge=0)] = _CHAIN.max_depth
@@ -141,7 +141,7 @@ class ChainPolicy(_Section):
     chain_ttl_s: Seconds = _CHAIN.chain_ttl_s
 
     def to_core(self) -> ChainLimits:
-        """These limits as the core's :class:`~sidecar.core.gate.ChainLimits`."""
+        """These limits as the core's :class:`~sidecar.core.chains.ChainLimits`."""
         return ChainLimits(**self.model_dump())
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.canonical import Fingerprinter
-from sidecar.core.gate import Marker
+from sidecar.core.chains import Marker
 
 PREFIX = "ls1"
 SIGNATURE_HEX = 32

@@ -121,8 +121,8 @@ def _known_reasons() -> frozenset[str]:
     """Every decision and reason the product names: the members of its enums."""
     from sidecar.auth import LoginDecision
     from sidecar.core import tasks
+    from sidecar.core.chains import ActivationDecision, ActivationReason, EffectDecision
     from sidecar.core.checks import CheckDecision, CheckReason
-    from sidecar.core.gate import ActivationDecision, ActivationReason, EffectDecision
     from sidecar.core.operations import (
         BeginDecision,
         BeginReason,

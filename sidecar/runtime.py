@@ -14,8 +14,8 @@ from flask import current_app
 from sidecar.auth import TokenTable
 from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
+from sidecar.service.chains import ChainService
 from sidecar.service.checks import CheckService
-from sidecar.service.gate import GateService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
 from sidecar.service.stops import StopService
@@ -34,7 +34,7 @@ class Runtime:
     clock: Callable[[], float]
     environ: Mapping[str, str]
     operations: OperationService
-    gate: GateService
+    chains: ChainService
     tasks: TaskService
     checks: CheckService
     model_gate: ModelGate

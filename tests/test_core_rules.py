@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.core import operations as ops_core
 from sidecar.core import tasks as tasks_core
-from sidecar.core.gate import Link, content_of, takes_over
+from sidecar.core.chains import Link, content_of, takes_over
 from sidecar.core.operations import BeginReason
 from sidecar.core.stops import Stop, StopScope, covering, set_stop
 from sidecar.core.tasks import EndReason, TaskLimits

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from sidecar import markers
 from sidecar.canonical import Fingerprinter, Secret
-from sidecar.core.gate import Marker
+from sidecar.core.chains import Marker
 
 FP = Fingerprinter(Secret(b"marker-secret-0123456789"))
 OTHER = Fingerprinter(Secret(b"another-secret-0123456789"))

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, JsonValue, field_validator, model_validator
 
 from sidecar.api.models import Name, RequestBody, rfc3339
-from sidecar.core.gate import ActivationDecision, ActivationReason, Chain
+from sidecar.core.chains import ActivationDecision, ActivationReason, Chain
 from sidecar.core.stops import Stop
 from sidecar.markers import CHAIN_ID_PATTERN
 

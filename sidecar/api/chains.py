@@ -26,14 +26,14 @@ from sidecar.api.chain_models import (
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import ModeQuery, rfc3339
 from sidecar.api.openapi import route
+from sidecar.core.chains import EffectDecision
 from sidecar.core.executions import of_mode
-from sidecar.core.gate import EffectDecision
 from sidecar.core.stops import Stop, StopDecision
 from sidecar.errors import ValidationFailed
 from sidecar.markers import CHAIN_ID_PATTERN
 from sidecar.runtime import runtime
 from sidecar.service import keys
-from sidecar.service.gate import ActivationInput, ChainInfo, EffectInput
+from sidecar.service.chains import ActivationInput, ChainInfo, EffectInput
 from sidecar.service.keys import ExecutionMode
 from sidecar.service.stops import Cancellation
 
@@ -57,7 +57,7 @@ _WF_PATH = {"workflow": _WORKFLOW.pattern}
 def activate() -> Response:
     body = parse_body(ActivationBody)
     ns = g.ns = keys.namespace(body.execution_mode)
-    result = runtime().gate.activate(
+    result = runtime().chains.activate(
         g.principal,
         ns,
         ActivationInput(
@@ -120,7 +120,7 @@ def register_effect() -> Response:
             [{"loc": ["body", "workflow"], "msg": "name the workflow (or the chain_id)"}]
         )
     ns = g.ns = keys.namespace(body.execution_mode)
-    chain, effect = runtime().gate.register_effect(
+    chain, effect = runtime().chains.register_effect(
         g.principal,
         ns,
         EffectInput(
@@ -183,7 +183,7 @@ def get_chain(chain_id: str) -> Response:
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     q = parse_query(ModeQuery)
     ns = keys.namespace(q.execution_mode)
-    return _chain_answer(runtime().gate.chain(g.principal, ns, chain_id), ns)
+    return _chain_answer(runtime().chains.chain(g.principal, ns, chain_id), ns)
 
 
 @route(
@@ -222,7 +222,7 @@ def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bo
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     rt = runtime()
     ns = keys.namespace(mode)
-    info = rt.gate.stop_chain(g.principal, ns, chain_id, reason, stopped=stopped)
+    info = rt.chains.stop_chain(g.principal, ns, chain_id, reason, stopped=stopped)
     cancellation = None
     if stopped:
         # Committed: now ask n8n to stop the executions that acted for the chain.
@@ -271,7 +271,7 @@ def get_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     q = parse_query(ModeQuery)
     ns = keys.namespace(q.execution_mode)
-    stop = runtime().gate.workflow_stop(g.principal, ns, workflow)
+    stop = runtime().chains.workflow_stop(g.principal, ns, workflow)
     return _workflow_answer(workflow, stop, ns)
 
 
@@ -291,7 +291,7 @@ def stop_workflow(workflow: str) -> Response:
     body = parse_body(StopBody)
     rt = runtime()
     ns = keys.namespace(body.execution_mode)
-    stop = rt.gate.stop_workflow(g.principal, ns, workflow, body.reason, stopped=True)
+    stop = rt.chains.stop_workflow(g.principal, ns, workflow, body.reason, stopped=True)
     # Committed: now ask n8n to stop the workflow's running and waiting executions
     # of the stop's own mode, confirm, and record what was confirmed (DESIGN §6).
     cancellation = rt.stops.for_workflow(body.execution_mode, workflow)
@@ -321,6 +321,8 @@ def resume_workflow(workflow: str) -> Response:
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
     body = parse_body(ResumeBody)
     ns = keys.namespace(body.execution_mode)
-    stop = runtime().gate.stop_workflow(g.principal, ns, workflow, body.reason or "", stopped=False)
+    stop = runtime().chains.stop_workflow(
+        g.principal, ns, workflow, body.reason or "", stopped=False
+    )
     log_decision("workflows.resume", StopDecision.RESUMED, body.reason, workflow=workflow)
     return _workflow_answer(workflow, stop, ns)

@@ -37,8 +37,8 @@ from flask import (
 
 from sidecar.api.decisions import log_decision
 from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
+from sidecar.core.chains import Chain
 from sidecar.core.executions import of_mode
-from sidecar.core.gate import Chain
 from sidecar.core.operations import OperationState, ReconcileOutcome
 from sidecar.core.stops import Stop, StopDecision
 from sidecar.core.tasks import Task
@@ -218,7 +218,7 @@ def logout() -> Response:
 
 def _chains(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
     entries = rt.store.index_page(
-        keys.recent_chains(NS), min_score=now - rt.gate.longest_chain_s, limit=500
+        keys.recent_chains(NS), min_score=now - rt.chains.longest_chain_s, limit=500
     )
     ids = [m for m, _ in reversed(entries)]
     docs = rt.store.get_many(
@@ -354,7 +354,7 @@ def chain(chain_id: str) -> Response:
     if principal is None:
         return _login_page()
     rt = runtime()
-    info = rt.gate.chain(principal, NS, chain_id)
+    info = rt.chains.chain(principal, NS, chain_id)
     recent = list(info.chain.recent)
     width = max(300, 60 + 40 * len(recent))
     depths = max([a.get("depth") or 0 for a in recent] + [info.chain.depth, 1])
@@ -395,7 +395,7 @@ def stop_chain(chain_id: str) -> Response:
     principal = _require_form()
     reason = request.form.get("reason", "").strip()[:500] or "stopped from /ui"
     rt = runtime()
-    info = rt.gate.stop_chain(principal, NS, chain_id, reason, stopped=True)
+    info = rt.chains.stop_chain(principal, NS, chain_id, reason, stopped=True)
     ids = of_mode(info.chain.executions, "production")
     said = _cancelled("chain", chain_id, info.chain.expires_at - rt.clock(), ids)
     log_decision("ui.chains.stop", StopDecision.STOPPED, reason, chain_id=chain_id)
@@ -413,7 +413,7 @@ def stop_workflow() -> Response:
     if not workflow:
         raise Forbidden("name the workflow")
     stopped = request.form.get("action", "stop") != "resume"
-    runtime().gate.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
+    runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
     verb = "stopped" if stopped else "resumed"
     if stopped:
         retention = runtime().settings.operations.retention_s

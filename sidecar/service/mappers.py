@@ -11,13 +11,13 @@ mapper                record (core)                   TTL
 ``Operations``        ``core.operations.Operation``   the core's retention
 ``Tasks``             ``core.tasks.Task``             deadline + retention, or
                                                       retention after the task ended
-``Chains``            ``core.gate.Chain``             until the chain expires
+``Chains``            ``core.chains.Chain``             until the chain expires
 ``STOPS``             ``core.stops.Stop``             none: sticky until resumed
 ``chain_stop()``      ``core.stops.Stop``             the chain's life
-``EFFECTS``           ``core.gate.Effect``            until the effect expires
-``LINKS``             ``core.gate.Link``              until the effect expires
-``window()``          ``core.gate.Seen``              the dedupe window
-``subject_rate()``    ``core.gate.RateLog``           the rate window
+``EFFECTS``           ``core.chains.Effect``            until the effect expires
+``LINKS``             ``core.chains.Link``              until the effect expires
+``window()``          ``core.chains.Seen``              the dedupe window
+``subject_rate()``    ``core.chains.RateLog``           the rate window
 ``lineages()``        ``core.checks.Lineage``         the checks' retention
 ====================  ==============================  ================================
 
@@ -36,8 +36,8 @@ from sidecar import metrics
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.core import operations as ops_core
+from sidecar.core.chains import Chain, Effect, Link, RateLog, Seen
 from sidecar.core.checks import Lineage
-from sidecar.core.gate import Chain, Effect, Link, RateLog, Seen
 from sidecar.core.operations import OPEN_STATES, Operation, OperationPolicy
 from sidecar.core.outliers import Exceeded
 from sidecar.core.stops import Stop, StopScope, covering

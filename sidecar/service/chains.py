@@ -1,5 +1,5 @@
 """The activation gate service: activations, effects, chains and stops
-around :mod:`sidecar.core.gate`."""
+around :mod:`sidecar.core.chains`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from sidecar import markers
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.config import ChainsConfig
-from sidecar.core import gate as core
-from sidecar.core.executions import ExecutionMode
-from sidecar.core.gate import (
+from sidecar.core import chains as core
+from sidecar.core.chains import (
     ActivationOutcome,
     ActivationRequest,
     ActivationState,
@@ -26,6 +25,7 @@ from sidecar.core.gate import (
     Link,
     RateCounter,
 )
+from sidecar.core.executions import ExecutionMode
 from sidecar.core.stops import Stop, set_stop
 from sidecar.errors import ValidationFailed
 from sidecar.service import keys, mappers, records
@@ -82,7 +82,7 @@ class ChainInfo:
     stop: Stop | None
 
 
-class GateService:
+class ChainService:
     """Runs activation, effect and stop decisions as store transactions."""
 
     def __init__(
@@ -94,7 +94,7 @@ class GateService:
     ) -> None:
         self.store = store
         self.fp = fingerprinter
-        self.chains = chains
+        self.config = chains
         self.clock = clock
         self.longest_chain_s = max(
             [chains.default.chain_ttl_s]
@@ -104,7 +104,7 @@ class GateService:
 
     def limits(self, workflow: str | None) -> ChainLimits:
         """The chain policy of ``workflow`` (defaults plus its overrides)."""
-        return self.chains.for_workflow(workflow).to_core()
+        return self.config.for_workflow(workflow).to_core()
 
     # -- fingerprints ------------------------------------------------------------
 

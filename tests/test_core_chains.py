@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sidecar.canonical import canonical_json
-from sidecar.core.gate import (
+from sidecar.core.chains import (
     ActivationDecision,
     ActivationReason,
     ActivationRequest,
