@@ -25,7 +25,7 @@ from sidecar.api.models import (
 from sidecar.api.openapi import route
 from sidecar.canonical import canonical_json
 from sidecar.core.operations import Operation, OperationState
-from sidecar.errors import Forbidden, PayloadTooLarge, ValidationFailed
+from sidecar.errors import PayloadTooLarge, ValidationFailed
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.operations import BeginInput
@@ -94,24 +94,9 @@ def begin(operation_id: str) -> Response:
         raise ValidationFailed([{"loc": ["body", "payload"], "msg": str(exc)}]) from exc
     reconcile = None
     if body.reconcile is not None:
-        name = body.reconcile.check
-        loc = ["body", "reconcile", "check"]
-        if name not in runtime().settings.checks:
-            raise ValidationFailed([{"loc": loc, "msg": f"no check named {name!r}"}])
-        if not runtime().operations.may_reconcile(name):
-            raise ValidationFailed(
-                [
-                    {
-                        "loc": loc,
-                        "msg": f"check {name!r} does not ask the system of record: only an "
-                        "http check (or all/any holding one) may settle an unknown write",
-                    }
-                ]
-            )
-        if not runtime().checks.configured.open_to(name, g.principal.workflows, body.workflow):
-            raise Forbidden(
-                f"check {name!r} is not open to workflow {body.workflow!r} (its workflows list)"
-            )
+        runtime().operations.require_reconcile_check(
+            g.principal, body.reconcile.check, body.workflow
+        )
         _bounded(body.reconcile.input, "reconcile.input")
         reconcile = body.reconcile.model_dump(mode="json")
     inp = BeginInput(

@@ -34,7 +34,6 @@ from sidecar.api.task_models import (
 from sidecar.checks import CheckResult
 from sidecar.core.executions import of_mode
 from sidecar.core.tasks import LifecycleDecision, ResultDecision, Task, ToolDecision, ToolResult
-from sidecar.errors import NotFound
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.keys import ExecutionMode
@@ -108,25 +107,8 @@ def create() -> Response:
 
 
 def _in_task_namespace(mode: ExecutionMode, task_id: str, call: Callable[[str], _T]) -> _T:
-    """Run ``call`` in the namespace the request's ``execution_mode`` names;
-    a ``production`` request for a task that only the test namespace holds
-    runs there.
-
-    n8n runs a sub-workflow (an AI Agent's tool) in mode ``integrated``,
-    which ``$execution.mode`` reports as ``production`` even when the parent
-    is a test run, so a test task's tools arrive as production calls. Task
-    ids are random, so the id names one task. Never the other way: a test
-    run cannot reach a production task. The second try costs one read, only
-    on a miss, and ``call`` raises NotFound before it changes or fetches
-    anything.
-    """
-    ns = keys.namespace(mode)
-    try:
-        return call(ns)
-    except NotFound:
-        if ns != "p" or runtime().tasks.namespace_of(_task_id(task_id)) != "t":
-            raise
-        return call("t")
+    """Run ``call`` in the task's namespace (:meth:`TaskService.in_namespace`)."""
+    return runtime().tasks.in_namespace(mode, _task_id(task_id), call)
 
 
 @route(

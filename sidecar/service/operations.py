@@ -237,6 +237,35 @@ class OperationService:
                 )
         return outcome
 
+    def require_reconcile_check(
+        self, principal: Principal, name: str, workflow: str | None
+    ) -> None:
+        """A begin's reconcile check must exist, ask the system of record
+        (:func:`sidecar.core.operations.asks_system_of_record`) and be open to
+        the begin's workflow.
+
+        :raises ValidationFailed: no such check, or one that asks nothing of
+            the system of record (``body.reconcile.check``).
+        :raises Forbidden: the check is not open to ``workflow``.
+        """
+        loc = ["body", "reconcile", "check"]
+        if self.checks is None or name not in self.checks:
+            raise ValidationFailed([{"loc": loc, "msg": f"no check named {name!r}"}])
+        if not self.may_reconcile(name):
+            raise ValidationFailed(
+                [
+                    {
+                        "loc": loc,
+                        "msg": f"check {name!r} does not ask the system of record: only an "
+                        "http check (or all/any holding one) may settle an unknown write",
+                    }
+                ]
+            )
+        if not self.checks.open_to(name, principal.workflows, workflow):
+            raise Forbidden(
+                f"check {name!r} is not open to workflow {workflow!r} (its workflows list)"
+            )
+
     def may_reconcile(self, name: str) -> bool:
         """True when check ``name`` asks the system of record (it may settle a write)."""
         if self.checks is None:

@@ -25,7 +25,7 @@ from sidecar.core.tasks import (
     ToolOutcome,
     ToolResult,
 )
-from sidecar.errors import ValidationFailed
+from sidecar.errors import NotFound, ValidationFailed
 from sidecar.service import keys, records
 from sidecar.service.checks import CheckService, check_input, verdict
 from sidecar.service.mappers import Tasks, covering_stop
@@ -269,6 +269,31 @@ class TaskService:
     def watched(self, ns: str, task_id: str) -> dict[str, Any]:
         """The task's watch document: ``executions`` that acted for it, ``outlier`` mark."""
         return dict(self.store.get(keys.task_watch(ns, task_id)) or {})
+
+    def in_namespace(
+        self, mode: keys.ExecutionMode | None, task_id: str, call: Callable[[str], T]
+    ) -> T:
+        """Run ``call`` in the namespace the request's ``execution_mode`` names;
+        a ``production`` request for a task that only the test namespace holds
+        runs there.
+
+        n8n runs a sub-workflow (an AI Agent's tool) in mode ``integrated``,
+        which ``$execution.mode`` reports as ``production`` even when the parent
+        is a test run, so a test task's tools arrive as production calls. Task
+        ids are random, so the id names one task. Never the other way: a test
+        run cannot reach a production task. The second try costs one read, only
+        on a miss, and ``call`` raises NotFound before it changes or fetches
+        anything.
+
+        :raises NotFound: no such task in the namespace (nor, for production, in test).
+        """
+        ns = keys.namespace(mode)
+        try:
+            return call(ns)
+        except NotFound:
+            if ns != "p" or self.namespace_of(task_id) != "t":
+                raise
+            return call("t")
 
     def namespace_of(self, task_id: str) -> str | None:
         """The namespace holding ``task_id`` (task ids are random, so at most one)."""
