@@ -226,9 +226,9 @@ def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bo
     cancellation = None
     if stopped:
         # Committed: now ask n8n to stop the executions that acted for the chain.
-        cancellation = rt.stops.for_executions(mode, of_mode(info.chain.executions, mode))
+        ids = of_mode(info.chain.executions, mode)
         ttl_s = info.chain.expires_at - rt.clock()
-        rt.stops.record(ns, "chain", chain_id, cancellation, ttl_s)
+        cancellation = rt.stops.cancel_executions(ns, "chain", chain_id, mode, ids, ttl_s)
     route_name = "chains.stop" if stopped else "chains.resume"
     log_decision(
         route_name,
@@ -294,8 +294,8 @@ def stop_workflow(workflow: str) -> Response:
     stop = rt.chains.stop_workflow(g.principal, ns, workflow, body.reason, stopped=True)
     # Committed: now ask n8n to stop the workflow's running and waiting executions
     # of the stop's own mode, confirm, and record what was confirmed (DESIGN §6).
-    cancellation = rt.stops.for_workflow(body.execution_mode, workflow)
-    rt.stops.record(ns, "workflow", workflow, cancellation, rt.settings.operations.retention_s)
+    retention_s = rt.settings.operations.retention_s
+    cancellation = rt.stops.cancel_workflow(ns, body.execution_mode, workflow, retention_s)
     log_decision(
         "workflows.stop",
         StopDecision.STOPPED,

@@ -315,8 +315,9 @@ def stop(task_id: str) -> Response:
     # Committed: now ask n8n to stop the executions that acted for the task (DESIGN §6).
     mode: ExecutionMode = "test" if ns == "t" else "production"
     executions = of_mode(rt.tasks.watched(ns, task.task_id).get("executions", []), mode)
-    cancellation = rt.stops.for_executions(mode, executions)
-    rt.stops.record(ns, "task", task.task_id, cancellation, rt.settings.tasks.retention_s)
+    cancellation = rt.stops.cancel_executions(
+        ns, "task", task.task_id, mode, executions, rt.settings.tasks.retention_s
+    )
     _log(
         "tasks.stop",
         task,

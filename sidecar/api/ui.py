@@ -288,10 +288,9 @@ def _cancelled(kind: str, ident: str, ttl_s: float, ids: list[str] | None) -> st
     """Ask n8n to stop what a /ui stop covers (after it committed); say what was confirmed."""
     rt = runtime()
     if ids is None:
-        result = rt.stops.for_workflow("production", ident)
+        result = rt.stops.cancel_workflow(NS, "production", ident, ttl_s)
     else:
-        result = rt.stops.for_executions("production", ids)
-    rt.stops.record(NS, kind, ident, result, ttl_s)
+        result = rt.stops.cancel_executions(NS, kind, ident, "production", ids, ttl_s)
     confirmed = sum(1 for e in result.executions if e.confirmed)
     text = f"n8n: {result.state}, {confirmed}/{len(result.executions)} executions confirmed"
     return text + (f" ({result.error})" if result.error else "")

@@ -233,6 +233,32 @@ class StopService:
             self.sleep(wait)
             wait = min(POLL_MAX_S, wait * 2)
 
+    # -- after a stop committed -----------------------------------------------------
+
+    def cancel_workflow(
+        self, ns: str, mode: ExecutionMode, workflow: str, ttl_s: float
+    ) -> Cancellation:
+        """After a workflow stop committed: stop its executions of ``mode``
+        (:meth:`for_workflow`) and record what was confirmed for ``ttl_s`` seconds."""
+        result = self.for_workflow(mode, workflow)
+        self.record(ns, "workflow", workflow, result, ttl_s)
+        return result
+
+    def cancel_executions(
+        self,
+        ns: str,
+        kind: str,
+        ident: str,
+        mode: ExecutionMode,
+        execution_ids: Sequence[str],
+        ttl_s: float,
+    ) -> Cancellation:
+        """After a ``chain`` or ``task`` stop committed: stop the executions that
+        acted for it (:meth:`for_executions`) and record what was confirmed."""
+        result = self.for_executions(mode, execution_ids)
+        self.record(ns, kind, ident, result, ttl_s)
+        return result
+
     # -- records -------------------------------------------------------------------
 
     def record(self, ns: str, kind: str, ident: str, result: Cancellation, ttl_s: float) -> None:
