@@ -8,19 +8,25 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from sidecar.api.models import Name, OperationId, RequestBody, rfc3339, whole
 from sidecar.config import LimitsOverride
+from sidecar.core.checks import CheckResult
 from sidecar.core.tasks import (
     CallKind,
     CompleteDecision,
+    CompleteOutcome,
     Effect,
     Evidence,
     ModelDecision,
+    ModelOutcome,
     ResultDecision,
+    ResultOutcome,
     ResultStatus,
     Task,
     TaskStatus,
     ToolDecision,
+    ToolOutcome,
     elapsed_s,
 )
+from sidecar.service.messages import message
 
 TASK_ID_PATTERN = r"^t[0-9a-f]{20}$"
 _CHAIN = r"^c[0-9a-f]{20}$"
@@ -213,3 +219,75 @@ class CompleteResponse(TaskResponse):
     decision: CompleteDecision
     reason: str | None
     check: CheckView | None = None
+
+
+#: What a task route decided: nothing but the task (create, get, stop, resume)
+#: or one route's outcome.
+TaskOutcome = ModelOutcome | ToolOutcome | ResultOutcome | CompleteOutcome | None
+
+
+def check_view(checked: CheckResult | None) -> CheckView | None:
+    """A check's verdict as shown, None when no check ran."""
+    if checked is None:
+        return None
+    return CheckView(
+        passed=checked.passed,
+        reason=str(checked.reason),
+        revision=checked.revision,
+        evidence=checked.evidence,
+    )
+
+
+def render(
+    task: Task,
+    now: float,
+    outcome: TaskOutcome = None,
+    checked: CheckResult | None = None,
+    **shown: Any,
+) -> TaskResponse:
+    """The one renderer of the task routes: the task (and its envelope once
+    it ended) with what the route decided.
+
+    A denial or an end carries its ``message`` (a result's only when it ended
+    the task now); a replayed write carries the ledger's result and receipt.
+
+    :param shown: ``outlier`` and ``cancellation`` (GET and stop answers).
+    """
+    envelope = None if task.envelope is None else task.envelope.to_doc()
+    base: dict[str, Any] = {"task": TaskView.of(task, now), "envelope": envelope, **shown}
+    if outcome is None:
+        return TaskResponse(**base)
+    reason = None if outcome.reason is None else str(outcome.reason)
+    match outcome:
+        case ModelOutcome():
+            return ModelCallResponse(
+                **base,
+                decision=outcome.decision,
+                wrap_up=outcome.wrap_up,
+                reason=reason,
+                message=message(outcome.reason),
+            )
+        case ToolOutcome():
+            op = outcome.operation if outcome.decision is ToolDecision.REPLAY else None
+            return ToolCallResponse(
+                **base,
+                decision=outcome.decision,
+                call_id=outcome.call_id,
+                result=op.result if op else None,
+                receipt=op.receipt if op else None,
+                reason=reason,
+                message=message(outcome.reason),
+            )
+        case ResultOutcome():
+            ended_now = outcome.decision is ResultDecision.ENDED and outcome.ended_now
+            return ResultResponse(
+                **base,
+                decision=outcome.decision,
+                reason=reason,
+                message=message(outcome.reason) if ended_now else None,
+                check=check_view(checked),
+            )
+        case CompleteOutcome():
+            return CompleteResponse(
+                **base, decision=outcome.decision, reason=reason, check=check_view(checked)
+            )

@@ -16,7 +16,6 @@ from sidecar.api.openapi import route
 from sidecar.api.task_models import (
     CALL_ID_PATTERN,
     TASK_ID_PATTERN,
-    CheckView,
     CompleteBody,
     CompleteResponse,
     ModelCallBody,
@@ -24,20 +23,20 @@ from sidecar.api.task_models import (
     ResultBody,
     ResultResponse,
     TaskBody,
+    TaskOutcome,
     TaskResponse,
     TaskResumeBody,
     TaskStopBody,
-    TaskView,
     ToolCallBody,
     ToolCallResponse,
+    render,
 )
 from sidecar.checks import CheckResult
 from sidecar.core.executions import of_mode
-from sidecar.core.tasks import LifecycleDecision, ResultDecision, Task, ToolDecision, ToolResult
+from sidecar.core.tasks import LifecycleDecision, Task, ToolResult
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.keys import ExecutionMode
-from sidecar.service.messages import message
 from sidecar.service.tasks import CallInput, CreateInput
 
 bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
@@ -54,9 +53,15 @@ def _task_id(task_id: str) -> str:
     return task_id
 
 
-def _answer(model: type[TaskResponse], task: Task, status: int = 200, **fields: Any) -> Response:
-    envelope = None if task.envelope is None else task.envelope.to_doc()
-    view = model(task=TaskView.of(task, runtime().clock()), envelope=envelope, **fields)
+def _answer(
+    task: Task,
+    outcome: TaskOutcome = None,
+    checked: CheckResult | None = None,
+    status: int = 200,
+    **shown: Any,
+) -> Response:
+    """Answer with :func:`~sidecar.api.task_models.render`."""
+    view = render(task, runtime().clock(), outcome, checked, **shown)
     resp = jsonify(view.model_dump(mode="json"))
     resp.status_code = status
     return resp
@@ -103,7 +108,7 @@ def create() -> Response:
     )
     decision = LifecycleDecision.CREATED if created else LifecycleDecision.EXISTING
     _log("tasks.create", task, decision, None)
-    return _answer(TaskResponse, task, 201 if created else 200)
+    return _answer(task, status=201 if created else 200)
 
 
 def _in_task_namespace(mode: ExecutionMode, task_id: str, call: Callable[[str], _T]) -> _T:
@@ -129,7 +134,7 @@ def get(task_id: str) -> Response:
         task_id,
         lambda ns: (runtime().tasks.get(g.principal, ns, _task_id(task_id)), ns),
     )
-    return _answer(TaskResponse, task, **_watch_fields(ns, task))
+    return _answer(task, **_watch_fields(ns, task))
 
 
 def _watch_fields(ns: str, task: Task) -> dict[str, Any]:
@@ -163,14 +168,7 @@ def model_call(task_id: str) -> Response:
     )
     reason = None if out.reason is None else str(out.reason)
     _log("tasks.model_call", task, out.decision, reason, wrap_up=out.wrap_up)
-    return _answer(
-        ModelCallResponse,
-        task,
-        decision=out.decision,
-        wrap_up=out.wrap_up,
-        reason=reason,
-        message=message(out.reason),
-    )
+    return _answer(task, out)
 
 
 @route(
@@ -194,7 +192,6 @@ def tool_call(task_id: str) -> Response:
         ),
     )
     reason = None if out.reason is None else str(out.reason)
-    replay = out.decision is ToolDecision.REPLAY and out.operation is not None
     _log(
         "tasks.tool_call",
         task,
@@ -205,16 +202,7 @@ def tool_call(task_id: str) -> Response:
         call_id=out.call_id,
         operation_id=body.operation_id,
     )
-    return _answer(
-        ToolCallResponse,
-        task,
-        decision=out.decision,
-        call_id=out.call_id,
-        result=out.operation.result if replay and out.operation else None,
-        receipt=out.operation.receipt if replay and out.operation else None,
-        reason=reason,
-        message=message(out.reason),
-    )
+    return _answer(task, out)
 
 
 @route(
@@ -245,15 +233,7 @@ def tool_result(task_id: str, call_id: str) -> Response:
     )
     reason = None if out.reason is None else str(out.reason)
     _log("tasks.tool_result", task, out.decision, reason, call_id=call_id, status=body.status)
-    ended_now = out.decision is ResultDecision.ENDED and out.ended_now
-    return _answer(
-        ResultResponse,
-        task,
-        decision=out.decision,
-        reason=reason,
-        message=message(out.reason) if ended_now else None,
-        check=_check_view(checked),
-    )
+    return _answer(task, out, checked)
 
 
 @route(
@@ -278,20 +258,7 @@ def complete(task_id: str) -> Response:
     )
     reason = None if out.reason is None else str(out.reason)
     _log("tasks.complete", task, out.decision, reason)
-    return _answer(
-        CompleteResponse, task, decision=out.decision, reason=reason, check=_check_view(checked)
-    )
-
-
-def _check_view(checked: CheckResult | None) -> CheckView | None:
-    if checked is None:
-        return None
-    return CheckView(
-        passed=checked.passed,
-        reason=str(checked.reason),
-        revision=checked.revision,
-        evidence=checked.evidence,
-    )
+    return _answer(task, out, checked)
 
 
 @route(
@@ -326,7 +293,7 @@ def stop(task_id: str) -> Response:
         cancellation=str(cancellation.state),
         cancellation_error=cancellation.error,
     )
-    return _answer(TaskResponse, task, **_watch_fields(ns, task))
+    return _answer(task, **_watch_fields(ns, task))
 
 
 @route(
@@ -352,4 +319,4 @@ def resume(task_id: str) -> Response:
     _log(
         "tasks.resume", task, LifecycleDecision.RESUMED, body.reason, extended=bool(extend) or None
     )
-    return _answer(TaskResponse, task)
+    return _answer(task)
