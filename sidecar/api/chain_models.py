@@ -8,9 +8,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, JsonValue, field_validator, model_validator
 
 from sidecar.api.models import Name, RequestBody, rfc3339
-from sidecar.core.chains import ActivationDecision, ActivationReason, Chain
+from sidecar.core.chains import ActivationDecision, ActivationReason, Chain, Effect
 from sidecar.core.stops import Stop
 from sidecar.markers import CHAIN_ID_PATTERN
+from sidecar.service.chains import ActivationResult
 
 Key = Annotated[str, Field(min_length=1, max_length=1000)]
 ChainId = Annotated[str, Field(pattern=CHAIN_ID_PATTERN)]
@@ -69,6 +70,24 @@ class ActivationResponse(BaseModel):
     counts: ActivationCounts
     invalid_markers: int
 
+    @classmethod
+    def of(cls, result: ActivationResult) -> ActivationResponse:
+        """An activation's decision, the marker to embed, and what it counted."""
+        out = result.outcome
+        return cls(
+            decision=out.decision,
+            reason=out.reason,
+            chain_id=out.chain_id,
+            depth=out.depth,
+            activation_id=result.activation_id,
+            marker=result.marker,
+            counts=ActivationCounts(
+                chain_activations=out.chain_activations,
+                subject_activations_in_window=out.subject_activations_in_window,
+            ),
+            invalid_markers=result.invalid_markers,
+        )
+
 
 class EffectBody(RequestBody):
     """``POST /v1/effects``: what this execution is about to write (or just wrote)."""
@@ -100,6 +119,18 @@ class EffectResponse(BaseModel):
     depth: int
     target_count: int
     expires_at: str
+
+    @classmethod
+    def of(cls, chain: Chain, effect: Effect, target_count: int) -> EffectResponse:
+        """A registered effect, in its chain, under ``target_count`` target keys."""
+        return cls(
+            effect_id=effect.effect_id,
+            chain_id=chain.chain_id,
+            workflow=effect.workflow,
+            depth=effect.depth,
+            target_count=target_count,
+            expires_at=rfc3339(effect.expires_at) or "",
+        )
 
 
 class StopBody(RequestBody):

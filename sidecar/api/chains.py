@@ -11,7 +11,6 @@ from sidecar import metrics
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import (
     ActivationBody,
-    ActivationCounts,
     ActivationResponse,
     CancellationView,
     ChainResponse,
@@ -24,7 +23,7 @@ from sidecar.api.chain_models import (
     WorkflowResponse,
 )
 from sidecar.api.decisions import log_decision
-from sidecar.api.models import ModeQuery, rfc3339
+from sidecar.api.models import ModeQuery
 from sidecar.api.openapi import route
 from sidecar.core.chains import EffectDecision
 from sidecar.core.executions import of_mode
@@ -88,20 +87,7 @@ def activate() -> Response:
         execution_mode=body.execution_mode,
         execution_id=body.execution_id,
     )
-    view = ActivationResponse(
-        decision=out.decision,
-        reason=out.reason,
-        chain_id=out.chain_id,
-        depth=out.depth,
-        activation_id=result.activation_id,
-        marker=result.marker,
-        counts=ActivationCounts(
-            chain_activations=out.chain_activations,
-            subject_activations_in_window=out.subject_activations_in_window,
-        ),
-        invalid_markers=result.invalid_markers,
-    )
-    return jsonify(view.model_dump(mode="json"))
+    return jsonify(ActivationResponse.of(result).model_dump(mode="json"))
 
 
 @route(
@@ -143,14 +129,7 @@ def register_effect() -> Response:
         effect_id=effect.effect_id,
         execution_mode=body.execution_mode,
     )
-    view = EffectResponse(
-        effect_id=effect.effect_id,
-        chain_id=chain.chain_id,
-        workflow=effect.workflow,
-        depth=effect.depth,
-        target_count=len(body.targets()),
-        expires_at=rfc3339(effect.expires_at) or "",
-    )
+    view = EffectResponse.of(chain, effect, len(body.targets()))
     return jsonify(view.model_dump(mode="json"))
 
 
