@@ -176,9 +176,7 @@ class Tasks(Scoped[str, Task]):
         ttl = self.ttl_s(after, now)
         mode: keys.ExecutionMode = "test" if ns == "t" else "production"
         exceeded = list(self.exceeded) or None
-        self.watch.plan(
-            txn.plan, txn.snap, ns, before, after, now, ttl, self.execution_id, mode, exceeded
-        )
+        self.watch.plan(txn, ns, before, after, now, ttl, self.execution_id, mode, exceeded)
         txn.index(keys.recent_tasks(ns), after.task_id, now)
         txn.trim(keys.recent_tasks(ns), now - self.retention_s - self.deadline_s)
         if after.envelope is not None and (before is None or before.envelope is None):

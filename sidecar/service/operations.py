@@ -44,7 +44,7 @@ from sidecar.errors import Forbidden, ValidationFailed
 from sidecar.service import keys, records
 from sidecar.service.mappers import Operations, covering_stop
 from sidecar.service.records import Txn
-from sidecar.store import Snapshot, Store
+from sidecar.store import Store
 
 log = logging.getLogger("loopstop")
 
@@ -399,9 +399,7 @@ class OperationService:
         workflow = self.resolve_workflow(principal, workflow)
         ident = (operation_id, workflow)
         docs = self.store.get_many(self.records.keys(ns, ident))
-        _, found = self.records.locate(
-            records.Txn(Snapshot(docs, lambda more: None), 0.0), ns, ident
-        )
+        _, found = self.records.locate(records.Txn.reading(docs, self.clock()), ns, ident)
         op = self.records.authorize(principal, found, ident)
         return core.observe(op, self.clock())
 

@@ -47,6 +47,16 @@ class Txn:
         self.now = now
         self.plan: Plan[Any] = Plan(None)
 
+    @classmethod
+    def reading(cls, docs: Mapping[str, Doc | None], now: float) -> Txn:
+        """A view over documents read outside any transaction (``get_many``),
+        to locate and decode records with the same mappers; it writes nothing."""
+
+        def more(keys: list[str]) -> None:
+            raise KeyError(f"not read: {keys}")
+
+        return cls(Snapshot(docs, more), now)
+
     def doc(self, key: str) -> Doc | None:
         """The raw document at ``key`` as read in this transaction."""
         return self.snap.get(key)

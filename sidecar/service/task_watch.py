@@ -28,7 +28,8 @@ from sidecar.core.executions import ExecutionMode
 from sidecar.core.outliers import OutlierAction, OutlierPolicy, Totals
 from sidecar.core.tasks import Task
 from sidecar.service import keys
-from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Write
+from sidecar.service.records import Txn
+from sidecar.store import Increment
 
 log = logging.getLogger("loopstop.decisions")
 
@@ -63,22 +64,22 @@ class TaskWatch:
         return [keys.task_watch(ns, task_id)] + [keys.task_totals(ns, workflow, m) for m in TOTALS]
 
     @staticmethod
-    def doc(snap: Snapshot, ns: str, task_id: str) -> dict[str, Any]:
-        return dict(snap.get(keys.task_watch(ns, task_id)) or {})
+    def doc(txn: Txn, ns: str, task_id: str) -> dict[str, Any]:
+        return dict(txn.doc(keys.task_watch(ns, task_id)) or {})
 
     @staticmethod
-    def totals(snap: Snapshot, ns: str, workflow: str | None) -> Totals:
+    def totals(txn: Txn, ns: str, workflow: str | None) -> Totals:
         """The workflow's totals as read (:meth:`plan` leaves them out of the
         compare-and-set: only increments change them, and a mean one task
         older decides the same)."""
         values = {}
         for measure in TOTALS:
-            doc = snap.get(keys.task_totals(ns, workflow, measure))
+            doc = txn.doc(keys.task_totals(ns, workflow, measure))
             values[measure] = int(doc.get("n", 0)) if doc else 0
         return Totals(**values)
 
     def exceeded(
-        self, snap: Snapshot, ns: str, task: Task, extra_tokens: int = 0
+        self, txn: Txn, ns: str, task: Task, extra_tokens: int = 0
     ) -> list[outliers.Exceeded]:
         """The measures on which the running ``task`` (plus ``extra_tokens``) is an outlier."""
         if task.envelope is not None:
@@ -88,12 +89,11 @@ class TaskWatch:
             "model_calls": task.used.model_calls,
             "tool_calls": task.used.tool_calls,
         }
-        return outliers.judge(self.totals(snap, ns, task.workflow), used, self.policy)
+        return outliers.judge(self.totals(txn, ns, task.workflow), used, self.policy)
 
     def plan(
         self,
-        plan: Plan[Any],
-        snap: Snapshot,
+        txn: Txn,
         ns: str,
         before: Task | None,
         task: Task,
@@ -103,17 +103,15 @@ class TaskWatch:
         execution_mode: ExecutionMode = "production",
         exceeded: list[outliers.Exceeded] | None = None,
     ) -> None:
-        """Add to ``plan``: the execution remembered, the outlier mark (once), the
-        running index, and the totals when ``task`` has just ended."""
+        """Add to the transaction: the execution remembered, the outlier mark
+        (once), the running index, and the totals when ``task`` has just ended."""
         watch_key = keys.task_watch(ns, task.task_id)
-        for measure in TOTALS:
-            key = keys.task_totals(ns, task.workflow, measure)
-            if snap.has_read(key):
-                plan.unchecked.add(key)
+        totals = [keys.task_totals(ns, task.workflow, measure) for measure in TOTALS]
+        txn.tolerate(key for key in totals if txn.has_read(key))
         # Read the watch document only when something may change in it (or it was
         # declared up front): a result or a completion costs no extra round trip.
-        needed = execution_id is not None or bool(exceeded) or snap.has_read(watch_key)
-        doc = self.doc(snap, ns, task.task_id) if needed else {}
+        needed = execution_id is not None or bool(exceeded) or txn.has_read(watch_key)
+        doc = self.doc(txn, ns, task.task_id) if needed else {}
         changed = False
         remembered = n8n_executions.remember(
             doc.get("executions", []), execution_id, execution_mode, now
@@ -130,21 +128,22 @@ class TaskWatch:
             }
             doc["outlier"] = mark
             changed = True
-            plan.on_commit.append(lambda: _flagged(task, mark))
+            txn.on_commit(lambda: _flagged(task, mark))
         ended_now = task.envelope is not None and (before is None or before.envelope is None)
         if changed or (ended_now and doc):
-            plan.writes[watch_key] = Write(doc, ttl_s)
+            txn.put(watch_key, doc, ttl_s)
         if task.envelope is None:
             if before is None or before.envelope is not None:
-                plan.index.append(IndexEntry(keys.running_tasks(ns), task.task_id, task.created_at))
+                txn.index(keys.running_tasks(ns), task.task_id, task.created_at)
         elif ended_now:
-            plan.index.append(IndexEntry(keys.running_tasks(ns), task.task_id, None))
+            txn.index(keys.running_tasks(ns), task.task_id, None)
             used = task.envelope.used
             for measure, delta in outliers.contribution(used).items():
-                plan.increments[keys.task_totals(ns, task.workflow, measure)] = Increment(
-                    "n", delta, self.retention_s
+                txn.increment(
+                    keys.task_totals(ns, task.workflow, measure),
+                    Increment("n", delta, self.retention_s),
                 )
-        plan.trims.append((keys.running_tasks(ns), now - self.horizon_s))
+        txn.trim(keys.running_tasks(ns), now - self.horizon_s)
 
 
 def _flagged(task: Task, mark: Mapping[str, Any]) -> None:

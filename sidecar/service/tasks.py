@@ -252,7 +252,7 @@ class TaskService:
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ModelOutcome]]:
             self._remember(ns, task)
-            exceeded = self.watch.exceeded(txn.snap, ns, task, tokens_used or 0)
+            exceeded = self.watch.exceeded(txn, ns, task, tokens_used or 0)
             stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)
             new, out = core.admit_model_call(task, tokens_used, txn.now, stopped, reserve_cost)
             if exceeded and out.admitted and self.watch.policy.action == "wrap_up":
@@ -318,7 +318,7 @@ class TaskService:
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, Task]:
             new = core.record_tokens(task, tokens, txn.now)
-            exceeded = self.watch.exceeded(txn.snap, ns, new)
+            exceeded = self.watch.exceeded(txn, ns, new)
             if self._outlier_stop(exceeded):
                 new = core.end(new, core.EndReason.OUTLIER, txn.now)
             self._save(txn, ns, task, new, execution_id, exceeded)
@@ -409,7 +409,7 @@ class TaskService:
                 begin,
                 given_id=body.call_id is not None,
             )
-            exceeded = self.watch.exceeded(txn.snap, ns, task)
+            exceeded = self.watch.exceeded(txn, ns, task)
             stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)
             new, new_op, out = core.admit_tool_call(
                 task, call, op, self.op_policy, txn.now, stopped
