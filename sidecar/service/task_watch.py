@@ -111,8 +111,13 @@ class TaskWatch:
             if snap.has_read(key):
                 plan.unchecked.add(key)
         # Read the watch document only when something may change in it (or it was
-        # declared up front): a result or a completion costs no extra round trip.
-        needed = execution_id is not None or bool(exceeded) or snap.has_read(watch_key)
+        # declared up front): a result costs no extra round trip. The steps that change
+        # the task's time to live (it ends, it is resumed) read it once each and write it
+        # again, so that it is kept exactly as long as the task.
+        ended_now = task.envelope is not None and (before is None or before.envelope is None)
+        resumed_now = before is not None and before.envelope is not None and task.envelope is None
+        relive = ended_now or resumed_now
+        needed = execution_id is not None or bool(exceeded) or relive or snap.has_read(watch_key)
         doc = self.doc(snap, ns, task.task_id) if needed else {}
         changed = False
         remembered = n8n_executions.remember(
@@ -131,8 +136,7 @@ class TaskWatch:
             doc["outlier"] = mark
             changed = True
             plan.on_commit.append(lambda: _flagged(task, mark))
-        ended_now = task.envelope is not None and (before is None or before.envelope is None)
-        if changed or (ended_now and doc):
+        if changed or (relive and doc):
             plan.writes[watch_key] = Write(doc, ttl_s)
         if task.envelope is None:
             if before is None or before.envelope is not None:
