@@ -2,7 +2,7 @@
 
 - non-streamed turns: the p50 / p90 of a turn through the gate (the app
   in-process on a SQLite store, forwarding over HTTP to the local fake
-  upstream of ``tests/fake_llm.py``) minus the p50 / p90 of the same request
+  upstream of ``workflows-examples/stand-in/model.py``) minus the p50 / p90 of the same request
   sent to the fake upstream directly, for both APIs, with and without a
   proposed tool call (which the gate admits through the task guard);
 - streamed turns: the first-token delay, from the moment the fake upstream
