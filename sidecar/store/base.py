@@ -190,6 +190,13 @@ class Snapshot:
             self._load([key])
         return self._docs[key]
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read every key of ``keys`` not read yet, together (one round trip),
+        when a function learns several keys at once from what it read."""
+        fresh = [k for k in dict.fromkeys(keys) if k not in self._docs]
+        if fresh:
+            self._load(fresh)
+
     def has_read(self, key: str) -> bool:
         return key in self._docs
 
