@@ -240,6 +240,9 @@ class Store(abc.ABC):
       absent" without reading, and let the atomic compare check that guess
       (a first ``begin`` of an id). Redis saves its read round trip; SQLite
       and PostgreSQL read in the same transaction anyway and ignore it.
+    - ``recent_likely`` (:meth:`transact`): the same, on the values this
+      process last read or wrote for the keys (Redis keeps a bounded map of
+      them); a commit after its begin, a result after its call.
     - :attr:`Plan.increments`: counters that many decisions share (a
       workflow's rate) are added at commit and never compared, so
       concurrent decisions do not conflict on them.
@@ -282,7 +285,14 @@ class Store(abc.ABC):
             self._unavailable(exc)
 
     @abc.abstractmethod
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         """Read ``keys``, call ``fn(snapshot)``, apply its plan atomically.
 
         ``fn`` may be called more than once (Redis retries on a concurrent
@@ -294,6 +304,12 @@ class Store(abc.ABC):
         a wrong guess is detected and ``fn`` runs again on what is stored, so
         the hint never changes a result (an exception ``fn`` raises on a
         guess is dropped the same way).
+
+        ``recent_likely`` is a hint that the keys probably still hold what
+        this process last read or wrote there (a commit after its begin, a
+        tool call's result after its admission). A store may then decide on
+        those values without reading and let its compare check them, with
+        the same guarantees as ``absent_likely``.
 
         :returns: ``plan.result``.
         :raises StoreUnavailable: on a driver error or persistent contention.

@@ -333,7 +333,14 @@ class PostgresStore(Store):
 
     # -- interface ---------------------------------------------------------
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         del absent_likely  # a read is one statement: nothing to save by guessing
         self._guard_identity()
         deadline = time.monotonic() + self.timeout_s

@@ -54,8 +54,10 @@ import json
 import logging
 import math
 import random
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, NoReturn, cast
 from urllib.parse import parse_qs, urlparse
@@ -149,6 +151,7 @@ class RedisStore(Store):
         self._policy_at = -math.inf
         self._policy_bad: str | None = None
         self._cas = self.client.register_script(_CAS)
+        self._recent = _Recent()
 
     def _where(self) -> str:
         return self.url_redacted
@@ -201,20 +204,34 @@ class RedisStore(Store):
     def _k(self, key: str) -> str:
         return self.prefix + key
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         self._guard()
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         # What the next attempt starts from without reading: every declared
-        # key absent (a guess, when asked for), or the values a failed
-        # compare-and-set returned (one consistent snapshot).
-        seed: dict[str, str | None] | None = dict.fromkeys(declared) if absent_likely else None
-        guessing = absent_likely
+        # key absent, or as this process last saw it (a guess, when asked
+        # for), or the values a failed compare-and-set returned (one
+        # consistent snapshot).
+        seed: dict[str, str | None] | None = None
+        recall = None
+        if absent_likely:
+            seed = dict.fromkeys(declared)
+        elif recent_likely and declared:
+            seed = self._recent.recall(declared)
+            recall = self._recent.get if seed is not None else None
+        guessing = seed is not None
         conflicts = 0
         for _attempt in range(self.max_retries):
             if time.monotonic() >= deadline:
                 raise redis.TimeoutError(f"no decision within {self.timeout_s} s")
-            reads = _Reads(self, seed, guessing)
+            reads = _Reads(self, seed, guessing, recall)
             reads.load(declared)
             reads.check_identity()
             plan = _decide(fn, reads)
@@ -226,6 +243,7 @@ class RedisStore(Store):
                 return plan.committed()  # read at one instant: consistent as it is
             try:
                 current = self._compare_and_set(reads.raw, plan, deadline)
+                self._recent.after(reads.raw, plan, current, self._serialized)
             except redis.TimeoutError:
                 if time.monotonic() >= deadline:
                     raise  # one deadline per decision: no second wait stacks on it
@@ -523,14 +541,21 @@ class _Reads:
 
     :param seed: values known without reading (the attempt starts from them).
     :param guessing: the seed is a guess: keys not in it are assumed absent
-        too, never read; the compare-and-set checks every one of them.
+        (or, with ``recall``, as recalled) too, never read; the
+        compare-and-set checks every one of them.
+    :param recall: the guess for a key first read inside the function.
     """
 
     def __init__(
-        self, store: RedisStore, seed: dict[str, str | None] | None, guessing: bool
+        self,
+        store: RedisStore,
+        seed: dict[str, str | None] | None,
+        guessing: bool,
+        recall: Callable[[str], str | None] | None = None,
     ) -> None:
         self.store = store
         self.guessing = guessing
+        self.recall = recall
         self.raw: dict[str, str | None] = {}
         self.docs: dict[str, Doc | None] = {}
         self.snapshots = 0
@@ -563,12 +588,83 @@ class _Reads:
         if not fresh:
             return
         if self.guessing:
-            self._keep(fresh, [None] * len(fresh))
+            recall = self.recall
+            self._keep(fresh, [None if recall is None else recall(k) for k in fresh])
             return
         self.snapshots += 1
         metrics.STORE_ROUND_TRIPS.inc()
         values = cast(list[str | None], self.store.client.mget([self.store._k(k) for k in fresh]))
         self._keep(fresh, values)
+        self.store._recent.remember(zip(fresh, values, strict=True))
+
+
+class _Recent:
+    """What this process last read or wrote under each key (raw text, None:
+    absent), for ``recent_likely`` guesses: at most :data:`RECENT_KEYS` keys
+    and :data:`RECENT_CHARS` characters of documents, the least recently
+    used forgotten first. A value here is only ever a guess: the
+    compare-and-set checks it."""
+
+    def __init__(self) -> None:
+        self._values: OrderedDict[str, str | None] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> str | None:
+        """The value last seen under ``key`` (None: absent or not known)."""
+        with self._lock:
+            return self._values.get(key)
+
+    def recall(self, keys: list[str]) -> dict[str, str | None] | None:
+        """The values last seen under every key of ``keys``; None unless all are known."""
+        with self._lock:
+            if not all(k in self._values for k in keys):
+                return None
+            for k in keys:
+                self._values.move_to_end(k)
+            return {k: self._values[k] for k in keys}
+
+    def remember(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        with self._lock:
+            for key, value in pairs:
+                if key == META_ID:
+                    continue
+                old = self._values.pop(key, None)
+                self._chars -= len(old or "")
+                if value is not None and len(value) > RECENT_CHARS // 16:
+                    continue  # too large to keep: read it again next time
+                self._values[key] = value
+                self._chars += len(value or "")
+            while len(self._values) > RECENT_KEYS or self._chars > RECENT_CHARS:
+                _, dropped = self._values.popitem(last=False)
+                self._chars -= len(dropped or "")
+
+    def forget(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._chars -= len(self._values.pop(key, None) or "")
+
+    def after(
+        self,
+        raw: dict[str, str | None],
+        plan: Plan[Any],
+        current: dict[str, str | None] | None,
+        serialized: Callable[[Plan[Any]], dict[str, str | None]],
+    ) -> None:
+        """Keep what a compare-and-set left: the plan's documents when it
+        applied (and the compared ones as read), else the values it answered."""
+        self.forget([*plan.increments, *plan.unchecked])
+        if current is not None:
+            self.remember(current.items())
+            return
+        written = serialized(plan)
+        compared = ((k, v) for k, v in raw.items() if k not in written and k not in plan.unchecked)
+        self.remember([*compared, *written.items()])
+
+
+#: Keys and characters of documents :class:`_Recent` keeps per store object.
+RECENT_KEYS = 4096
+RECENT_CHARS = 16_000_000
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:

@@ -119,7 +119,14 @@ class SQLiteStore(Store):
 
     # -- interface ---------------------------------------------------------
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         del absent_likely  # one local read inside the write lock: nothing to save
         with self._writer:
             return self._transact(keys, fn)
