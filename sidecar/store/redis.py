@@ -27,6 +27,15 @@ the read, so still two. A guess that times out (a write pause during a
 failover blocks the script) is decided once more on a real read, so a
 replay is still answered while writes wait.
 
+A transaction on keys this process probably saw last (``recent_likely``: a
+commit after its begin, a tool call's result after its admission) skips the
+``MGET`` the same way when every declared key is in the store object's map
+of recent values (the raw text it last read or wrote per key, bounded by
+:data:`RECENT_KEYS` and :data:`RECENT_CHARS`): the function decides on those
+values and the compare-and-set checks them exactly. A guess never stands on
+keys the plan leaves unchecked (counters that increments change): those
+transactions read.
+
 Every transaction also compares the store's identity (``loopstop:store_id``)
 inside the same ``MGET`` or script, so a Redis restarted empty is refused
 at the next decision. Every ``policy_check_s`` seconds (and at start) the
