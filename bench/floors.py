@@ -136,8 +136,8 @@ def sql_work(connect: Callable[[], Any], mark: str, begin_sql: str) -> Work:
     def commit(key: str) -> None:
         transaction(
             lambda c: c.execute(
-                q("UPDATE floor_kv SET doc = ? WHERE key = ? AND doc LIKE '%in_progress%'"),
-                (SETTLED, "op:" + key),
+                q("UPDATE floor_kv SET doc = ? WHERE key = ? AND doc LIKE ?"),
+                (SETTLED, "op:" + key, '%"in_progress"%'),
             )
         )
 
