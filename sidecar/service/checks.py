@@ -10,8 +10,9 @@ import jmespath
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
-from sidecar.checks import CheckReason, CheckResult, Checks, Lineage, StorePart, cursor_step
+from sidecar.checks import CheckReason, CheckResult, Checks, StorePart, cursor_step
 from sidecar.config import CursorCheck, OperationsCheck
+from sidecar.core.lineage import Lineage
 from sidecar.core.operations import OperationState, observe
 from sidecar.core.tasks import CheckVerdict, Task
 from sidecar.errors import Forbidden, NotFound
@@ -79,25 +80,18 @@ class CheckService:
                     False, CheckReason.MISSING_INPUT, evidence={"missing": "task_id"}
                 )
             key = keys.lineage(ns, task_id, f"{name}:{scope}" if scope else name)
-            doc = snap.get(key)
-            lineage = (
-                Lineage(tuple(doc["cursors"]), tuple(doc["ids"]), int(doc.get("count", 0)))
-                if doc
-                else Lineage()
-            )
+            lineage = Lineage.from_doc(snap.get(key))
             cursor = jmespath.search(cfg.cursor, data)
             records = jmespath.search(cfg.records, data)
             ids = records if isinstance(records, list) else []
             cursor_fp = (
                 None
                 if cursor is None
-                else self.fp.key_hash("cursor", canonical_json(cursor).decode())[:16]
+                else self.fp.key_hash("cursor", canonical_json(cursor).decode())
             )
-            id_fps = [self.fp.key_hash("record", canonical_json(i).decode())[:16] for i in ids]
+            id_fps = [self.fp.key_hash("record", canonical_json(i).decode()) for i in ids]
             new, result = cursor_step(lineage, cursor_fp, id_fps)
-            plan.writes[key] = Write(
-                {"cursors": list(new.cursors), "ids": list(new.ids)}, self.retention_s
-            )
+            plan.writes[key] = Write(new.to_doc(), self.retention_s)
             return result
 
         return part

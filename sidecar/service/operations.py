@@ -325,7 +325,8 @@ class OperationService:
             new, out = core.commit(op, operation_id, attempt, receipt, result, now)
             return self.plan(ns, new, out, key)
 
-        return self.store.transact(declared, decide)
+        # Likely what this process wrote at the begin: decided on that, checked.
+        return self.store.transact(declared, decide, recent_likely=True)
 
     def fail(
         self,

@@ -439,7 +439,8 @@ class TaskService:
             self._write_op(plan, ns, new_op, op_key)
             return plan
 
-        return self.store.transact(declared, decide)
+        # Likely the task as this process last wrote it: decided on that, checked.
+        return self.store.transact(declared, decide, recent_likely=True)
 
     def tool_result(
         self, principal: Principal, ns: str, task_id: str, call_id: str, res: ToolResult
@@ -480,7 +481,7 @@ class TaskService:
             self._write_op(plan, ns, new_op, op_key)
             return plan
 
-        return self.store.transact([key], decide)
+        return self.store.transact([key], decide, recent_likely=True)
 
     def _tool_check(self, principal: Principal, key: str, task_id: str, call_id: str) -> str | None:
         """The check configured for the tool of ``call_id`` (read before any I/O).
