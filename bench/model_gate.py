@@ -2,11 +2,17 @@
 
 - non-streamed turns: the p50 / p90 of a turn through the gate (the app
   in-process on a SQLite store, forwarding over HTTP to the local fake
-  upstream of ``tests/fake_llm.py``) minus the p50 / p90 of the same request
+  upstream of ``workflows-examples/stand-in/model.py``) minus the p50 / p90 of the same request
   sent to the fake upstream directly, for both APIs, with and without a
   proposed tool call (which the gate admits through the task guard);
 - streamed turns: the first-token delay, from the moment the fake upstream
   writes its first text event to the moment the gate hands that event on.
+
+Beside each case, the floor of a turn on the same store: a Flask route that
+reads and writes the task's document in one SQLite transaction (WAL,
+``synchronous=FULL``, as the sidecar's store) and forwards the body to the
+same upstream with ``requests``, nothing else (bench/floors.py's
+``sql_work``); "vs floor" is the floor's added time over the gate's.
 
 Run: ``.venv/bin/python bench/model_gate.py [turns]`` (default 400 per case).
 """
@@ -26,8 +32,29 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fake_llm import serve
+from flask import Flask, Response, request
 
 from sidecar.app import create_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floors import sqlite_work
+
+
+def floor_app(folder: str, upstream: str) -> Flask:
+    """A model turn's floor: one store transaction (the task read and
+    written), then the body forwarded upstream and its answer returned."""
+    work = sqlite_work(f"{folder}/floor.db")
+    session = requests.Session()
+    app = Flask("floor-model-gate")
+
+    @app.post("/v1/openai/<path:path>")
+    def turn(path: str) -> Response:
+        body = request.get_json()
+        work["task"]("t")
+        r = session.post(f"{upstream}/{path}", json=body, timeout=10)
+        return Response(r.content, r.status_code, mimetype="application/json")
+
+    return app
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -69,6 +96,7 @@ def main(turns: int) -> None:
             announce=False,
         )
         client = app.test_client()
+        floor = floor_app(folder, llm.base).test_client()
         direct = requests.Session()
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(
@@ -77,28 +105,36 @@ def main(turns: int) -> None:
         )
         print(
             f"{'case':34} {'upstream p50':>12} {'gate p50':>9} {'added p50':>10} {'added p90':>10}"
+            f" {'floor added p50':>16} {'vs floor':>9}"
         )
         for api in ("chat", "responses"):
             for mode in ("final", "tool_call"):
                 llm.mode = mode
                 task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
                 path, body = _body(api, task_id)
-                own, through = [], []
+                own, through, floored = [], [], []
                 for i in range(turns + 20):
                     t0 = time.perf_counter()
                     r = direct.post(llm.base + path, json=body, timeout=10)
                     t1 = time.perf_counter()
                     g = client.post("/v1/openai" + path, json=body)
                     t2 = time.perf_counter()
+                    f = floor.post("/v1/openai" + path, json=body)
+                    t3 = time.perf_counter()
                     assert r.status_code == 200 and g.status_code == 200, g.get_data()
+                    assert f.status_code == 200
                     if i >= 20:  # warm-up excluded
                         own.append((t1 - t0) * 1000)
                         through.append((t2 - t1) * 1000)
+                        floored.append((t3 - t2) * 1000)
                 added = [b - a for a, b in zip(own, through, strict=True)]
+                floor_added = [b - a for a, b in zip(own, floored, strict=True)]
                 name = f"{api}, {'tool call admitted' if mode == 'tool_call' else 'text answer'}"
                 print(
                     f"{name:34} {_pct(own, 50):10.2f}ms {_pct(through, 50):7.2f}ms "
-                    f"{statistics.median(added):8.2f}ms {_pct(added, 90):8.2f}ms"
+                    f"{statistics.median(added):8.2f}ms {_pct(added, 90):8.2f}ms "
+                    f"{statistics.median(floor_added):14.2f}ms "
+                    f"{statistics.median(floor_added) / statistics.median(added):9.2f}"
                 )
         llm.requests.clear()
         print()

@@ -5,19 +5,21 @@ driven by the same load tool (wrk).
     apt-get install wrk          # Debian's wrk
     .venv/bin/python bench/run.py [--duration 10] [--connections 16] [--big 1000000]
 
-It prints, for operation begin+commit, activation, and tool-call admission +
-result: decisions/s, p50/p95/p99 latency, the ratio to the bare route, and on
-Redis the round trips (counted by the sidecar's own client) and the commands
-(INFO commandstats deltas) per decision; then begin+commit latency with 1k and
-with ``--big`` records already in each store (seeded directly).
+It prints, for an operation's first begin, begin+commit, activation, and
+tool-call admission + result: decisions/s, p50/p95/p99 latency, the ratio to
+the bare route and to the store's floor, and on Redis the round trips
+(counted by the sidecar's own client) and the commands (INFO commandstats
+deltas) per decision; then begin+commit latency with 1k and with ``--big``
+records already in each store (seeded directly). ``--quick`` runs 3 s each
+and skips the size run.
 
-A second baseline, ``bare+redis``, is the bare route plus the two Redis
-commands a decision makes (a read, then the compare-and-set script) and
-nothing else: the ceiling of any read-then-conditional-write service on this
-machine, so "vs floor" tells the sidecar's own cost apart from Redis's.
-``bare+pg`` is the same for PostgreSQL: the bare route plus one transaction
-in two round trips (a read, then BEGIN, an upsert and COMMIT pipelined), the
-floor of the postgres rows (SQLite and Redis rows are set against bare+redis).
+Baselines, served with ``loopstop serve``'s gunicorn worker class and
+settings (:data:`SERVE_SETTINGS`): ``bare`` is a Flask route answering a
+decision-sized JSON body (bench/bare.py); ``floor <store>`` is that route
+plus the least store work each decision needs on that store, one Redis
+script or one SQL transaction (bench/floors.py). ``vs floor`` is the
+sidecar's ratio to its own store's floor: what the sidecar costs beyond
+the store work no design can skip.
 The sidecar logs at its production default (INFO: one decision line per
 request, written to a discarded stderr).
 Everything runs on loopback: the servers it starts, a private redis-server and
@@ -55,6 +57,7 @@ chains:
   default: {rate_limit: 1000000, workflow_rate_limit: 1000000, max_activations: 1000000}
 """
 SCENARIOS = {
+    "begin": "begin.lua",
     "begin+commit": "begin_commit.lua",
     "activation": "activation.lua",
     "tool call+result": "tool_call.lua",
@@ -112,14 +115,26 @@ def start_sidecar(store: str, workdir: Path, workers: int) -> tuple[subprocess.P
     return proc, base
 
 
-def start_bare(workers: int, redis_url: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """The bare route (``redis_url`` None), or plus two Redis commands, or (a
-    ``postgresql://`` URL) plus one PostgreSQL transaction."""
+#: ``loopstop serve``'s gunicorn settings (sidecar/cli.py), which the baselines share.
+SERVE_SETTINGS = [
+    "-k",
+    "sidecar.serving.BoundedThreadWorker",
+    "--threads",
+    "8",
+    "--worker-connections",
+    "1000",
+    "--keep-alive",
+    "5",
+    "--timeout",
+    "60",
+]
+
+
+def start_bare(workers: int, store_url: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """The bare route (``store_url`` None), or the floor of the store it names
+    (bench/floors.py: the least store work of each route)."""
     port = free_port()
-    factory = "bare:create_app()" if redis_url is None else "bare:create_redis_app()"
-    pg_url = ""
-    if redis_url and redis_url.startswith("postgresql"):
-        factory, pg_url, redis_url = "bare:create_postgres_app()", redis_url, None
+    factory = "bare:create_app()" if store_url is None else "floors:create_app()"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -131,11 +146,12 @@ def start_bare(workers: int, redis_url: str | None = None) -> tuple[subprocess.P
             str(workers),
             "-b",
             f"127.0.0.1:{port}",
+            *SERVE_SETTINGS,
             "--log-level",
             "warning",
             factory,
         ],
-        env={**os.environ, "BARE_REDIS_URL": redis_url or "", "BARE_PG_URL": pg_url},
+        env={**os.environ, "FLOOR_STORE": store_url or "", "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -186,6 +202,12 @@ def wrk(base: str, scenario: str, args: argparse.Namespace, env: dict[str, str])
     figures: dict[str, Any] = json.loads(line.removeprefix("BENCH "))
     figures["per_s"] = figures["requests"] / figures["duration_s"]
     return figures
+
+
+def warm_up(base: str, args: argparse.Namespace, env: dict[str, str]) -> None:
+    """One short discarded run, so the first scenario measured is not the
+    workers' first requests (imports, connections, caches)."""
+    wrk(base, "activation", argparse.Namespace(**{**vars(args), "duration": 1}), env)
 
 
 def make_tasks(base: str, n: int) -> str:
@@ -271,7 +293,12 @@ def main() -> int:
         "--stores", default="sqlite,redis,postgres", help="comma-separated: sqlite, redis, postgres"
     )
     ap.add_argument("--no-size", action="store_true", help="skip the 1k vs --big run")
+    ap.add_argument(
+        "--quick", action="store_true", help="3 s a run, no size run: a first look in about 2 min"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.duration, args.no_size = 3, True
     if not shutil.which("wrk"):
         print("wrk is missing: apt-get install wrk", file=sys.stderr)
         return 2
@@ -312,14 +339,21 @@ def main() -> int:
     fake_tasks = ",".join(f"t{i:020x}" for i in range(2 * args.connections))
     try:
         bases: dict[str, dict[str, dict[str, Any]]] = {}
-        targets: list[tuple[str, str | None]] = [
-            ("bare", None),
-            ("floor", f"redis://127.0.0.1:{redis_port}/0"),
+        chosen = args.stores.split(",")
+        store_urls = {
+            "sqlite": f"sqlite:///{tmp}/bench.db",
+            "redis": f"redis://127.0.0.1:{redis_port}/0",
+            "postgres": pg_url,
+        }
+        targets: list[tuple[str, str | None]] = [("bare", None)]
+        targets += [
+            (f"floor {name}", f"sqlite:///{tmp}/floor.db" if name == "sqlite" else url)
+            for name, url in store_urls.items()
+            if name in chosen
         ]
-        if postgres:
-            targets.append(("floor-pg", pg_url))
         for label, url in targets:
             bare, bare_base = start_bare(args.workers, url)
+            warm_up(bare_base, args, {**env, "BENCH_RUN": f"warm{label[-3:]}"})
             bases[label] = {}
             for scenario in SCENARIOS:
                 calls0 = redis_calls(client)
@@ -327,7 +361,12 @@ def main() -> int:
                     bare_base,
                     scenario,
                     args,
-                    {**env, "BENCH_TASKS": fake_tasks, "BENCH_THREADS": str(args.threads)},
+                    {
+                        **env,
+                        "BENCH_TASKS": fake_tasks,
+                        "BENCH_THREADS": str(args.threads),
+                        "BENCH_RUN": f"{label[-3:]}{scenario[:3]}",
+                    },
                 )
                 if url is not None and url.startswith("redis"):
                     time.sleep(1)  # let the requests wrk left in flight finish
@@ -337,22 +376,15 @@ def main() -> int:
             failed = sum(f["errors"] + f["non_2xx"] for f in bases[label].values())
             if failed:
                 raise RuntimeError(f"the {label} baseline answered {failed} errors")
-        baseline, floor = bases["bare"], bases["floor"]
+        baseline = bases["bare"]
         client.flushdb()
-        stores = {
-            name: url
-            for name, url in (
-                ("sqlite", f"sqlite:///{tmp}/bench.db"),
-                ("redis", f"redis://127.0.0.1:{redis_port}/0"),
-                ("postgres", pg_url),
-            )
-            if name in args.stores.split(",")
-        }
+        stores = {name: url for name, url in store_urls.items() if name in chosen}
         for name, url in stores.items():
             workdir = tmp / name
             workdir.mkdir()
             proc, base = start_sidecar(url, workdir, args.workers)
             try:
+                warm_up(base, args, {**env, "BENCH_RUN": f"warm{name}"})
                 for scenario in SCENARIOS:
                     extra = {"BENCH_RUN": f"{name}{scenario[:3]}"}
                     if scenario.startswith("tool"):
@@ -369,8 +401,9 @@ def main() -> int:
                     if name == "redis":
                         figures["commands"] = (redis_calls(client) - calls0) / n
                     figures["ratio"] = figures["per_s"] / baseline[scenario]["per_s"]
-                    own_floor = bases["floor-pg"] if name == "postgres" else floor
-                    figures["vs_floor"] = figures["per_s"] / own_floor[scenario]["per_s"]
+                    figures["vs_floor"] = (
+                        figures["per_s"] / bases[f"floor {name}"][scenario]["per_s"]
+                    )
                     rows.append((name, scenario, figures))
             finally:
                 stop(proc)
@@ -409,19 +442,16 @@ def main() -> int:
         f"-c{args.connections} -d{args.duration}s, {os.cpu_count()} cores\n"
     )
     print(
-        f"{'target':<11} {'scenario':<18} {'decisions/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'target':<14} {'scenario':<18} {'decisions/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
         f"{'p99 ms':>8} {'vs bare':>8} {'vs floor':>8} {'RTT/dec':>8} {'cmds/dec':>8} "
         f"{'non-2xx':>8}"
     )
-    floors = [("bare", baseline), ("bare+redis", floor)]
-    if "floor-pg" in bases:
-        floors.append(("bare+pg", bases["floor-pg"]))
-    for label, by_scenario in floors:
+    for label, by_scenario in bases.items():
         for scenario, f in by_scenario.items():
             ratio = f["per_s"] / baseline[scenario]["per_s"]
             cmds = f"{f['commands']:.2f}" if "commands" in f else ""
             print(
-                f"{label:<11} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
+                f"{label:<14} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
                 f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {ratio:>8.2f} {'':>8} {'':>8} "
                 f"{cmds:>8} {f['errors'] + f['non_2xx']:>8}"
             )
@@ -429,7 +459,7 @@ def main() -> int:
         rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
         cmds = f"{f['commands']:.2f}" if "commands" in f else ""
         print(
-            f"{name:<11} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
+            f"{name:<14} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
             f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} "
             f"{f['vs_floor']:>8.2f} {rtt:>8} {cmds:>8} {f['errors'] + f['non_2xx']:>8}"
         )

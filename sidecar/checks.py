@@ -58,18 +58,16 @@ from sidecar.config import (
 )
 from sidecar.core.checks import (
     CANNOT_RUN,
-    MAX_LINEAGE_IDS,
     CheckReason,
     CheckResult,
-    Lineage,
     combine,
     cursor_step,
 )
+from sidecar.core.lineage import Lineage
 from sidecar.errors import ChecksBusy
 
 __all__ = [
     "CANNOT_RUN",
-    "MAX_LINEAGE_IDS",
     "CheckReason",
     "CheckResult",
     "Checks",

@@ -28,7 +28,14 @@ log = logging.getLogger("loopstop")
 DEFAULT_BIND = "127.0.0.1:8765"
 
 
+class AddressInUse(ConfigError):
+    """The address to listen on is taken: not a configuration error, one line of its own."""
+
+
 def _print_problems(exc: ConfigError) -> None:
+    if isinstance(exc, AddressInUse):
+        click.echo(f"loopstop: cannot listen: {exc.problems[0][1]}", err=True)
+        return
     click.echo("loopstop: invalid configuration:", err=True)
     for path, msg in exc.problems:
         click.echo(f"  {path or '(config)'}: {msg}", err=True)
@@ -50,7 +57,8 @@ def _bind_host(bind: str, strict: bool = False) -> str | None:
 def check_free(binds: list[str]) -> None:
     """Refuse an address another process listens on, before saying we listen on it.
 
-    :raises ConfigError: naming the address in use.
+    :raises AddressInUse: naming the address in use.
+    :raises ConfigError: when the address cannot be bound for another reason.
     """
     for bind in binds:
         host = _bind_host(bind)
@@ -66,7 +74,7 @@ def check_free(binds: list[str]) -> None:
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     raise ConfigError([("bind", f"{bind}: {exc.strerror}")]) from exc
-                raise ConfigError(
+                raise AddressInUse(
                     [
                         (
                             "bind",

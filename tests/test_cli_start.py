@@ -38,6 +38,8 @@ def test_an_address_in_use_is_one_clear_line_and_exit_code_2(tmp_path: Path) -> 
         out = _serve(tmp_path, port)
     assert out.returncode == 2, out.stderr
     assert f"127.0.0.1:{port} is in use" in out.stderr
+    assert "loopstop: cannot listen:" in out.stderr
+    assert "invalid configuration" not in out.stderr  # an address in use is not a config error
     assert "listening on" not in out.stderr
 
 

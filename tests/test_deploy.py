@@ -41,7 +41,9 @@ def test_compose_n8n_has_the_node_and_the_same_token() -> None:
 
 def test_compose_brings_up_a_guarded_flow() -> None:
     """Where a Docker engine runs: build, start, import, and the self-call loop ends
-    (four activations proceed, the fifth is dropped at the chain's depth)."""
+    (four activations proceed, the fifth is dropped at the chain's depth) and the
+    gate-only agent is ended by the gate. tests/e2e/test_n8n_compose_files.py runs the
+    same files without Docker."""
     import shutil
     import subprocess
     import time
@@ -91,6 +93,13 @@ def test_compose_brings_up_a_guarded_flow() -> None:
             time.sleep(1)
         else:
             raise AssertionError("the self-call loop was not dropped at its depth")
+        agent = requests.post(
+            "http://127.0.0.1:5678/webhook/loopstop-gate-agent",
+            json={"ticket": "T-1", "question": "Add a note."},
+            timeout=180,
+        )
+        agent.raise_for_status()
+        assert agent.json()["output"].startswith("[loopstop] This task has ended: partial")
     finally:
         subprocess.run([*compose, "down", "-v"], env=env, check=False)
 
@@ -152,7 +161,15 @@ def test_compose_file_is_valid_against_the_compose_specification() -> None:
 
     compose = compose_spec.PyCompose.from_yaml((DEPLOY / "docker-compose.yml").read_text())
     compose.validate()
-    assert compose.service_names() == ["redis", "loopstop", "postgres", "loopstop-postgres", "n8n"]
+    assert compose.service_names() == [
+        "redis",
+        "loopstop",
+        "records",
+        "model",
+        "postgres",
+        "loopstop-postgres",
+        "n8n",
+    ]
 
 
 def test_alert_rules_pass_promtool() -> None:

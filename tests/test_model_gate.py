@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from flask import Flask
 from test_serve import Sidecar
 from test_tasks_api import Agent
 
-from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
+from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory, free_port
 from sidecar.service import keys
 
 CHAT = "/v1/openai/chat/completions"
@@ -864,3 +866,93 @@ def test_an_upstream_that_drips_is_cut_at_the_gate_timeout(
             assert status == 504 and out["error"]["code"] == "timeout"
         assert time.monotonic() - started < 5  # timeout_s is 1; the drip would take 10 s
         assert used(api, a.id)["model_calls"] == 1 and used(api, a.id)["tokens"] > 0
+
+
+# -- the docs' offline walk-through, with the shipped files ----------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "workflows-examples"
+
+
+@pytest.mark.slow
+def test_the_offline_walk_through_ends_a_looping_model(tmp_path: Path) -> None:
+    """docs/loops/model-gate.md, "Try it without a model account": the stand-in model as
+    its command starts it, the sidecar on the examples' configuration as shipped (only
+    the stand-in's port moved to a free one); the same turn three times: two proposals of
+    the tool call, then the gate's final message (the third proposal denied); a fourth
+    turn is answered by the gate without calling the model."""
+    port = free_port()
+    model = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "stand-in" / "model.py"), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert model.stdout is not None
+        assert f"127.0.0.1:{port}/v1" in model.stdout.readline()  # listening
+        config = tmp_path / "loopstop.yaml"
+        shipped = (EXAMPLES / "loopstop.yaml").read_text()
+        assert "http://127.0.0.1:8791/v1" in shipped
+        config.write_text(shipped.replace(":8791/", f":{port}/"))
+        token = "try-it-token-0123456789"
+        env = {
+            "LOOPSTOP_CONFIG": str(config),
+            "LOOPSTOP_STORE": f"sqlite:///{tmp_path / 'loopstop.db'}",
+            "LOOPSTOP_TOKEN_N8N": token,
+        }
+        server = Sidecar(tmp_path, env, workers=1).start()
+        try:
+            headers = {"Authorization": f"Bearer {token}"}
+            body = {
+                "model": "gpt-5-mini",
+                "input": [
+                    {"role": "system", "content": "loopstop-task-key: try-1"},
+                    {"role": "user", "content": "Add a note to ticket T-1."},
+                ],
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "add_note",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"note": {"type": "string"}},
+                        },
+                    }
+                ],
+            }
+            answers = [
+                requests.post(
+                    server.base + "/v1/openai/responses", json=body, headers=headers, timeout=30
+                ).json()["output"]
+                for _ in range(3)
+            ]
+            assert [[o["type"] for o in a] for a in answers] == [
+                ["function_call"],
+                ["function_call"],
+                ["message"],
+            ]
+            assert answers[0][0]["name"] == "add_note"
+            text = answers[2][0]["content"][0]["text"]
+            assert text.startswith("[loopstop] This task has ended: partial (same_call)")
+            task = requests.post(
+                server.base + "/v1/tasks", json={"task_key": "try-1"}, headers=headers, timeout=10
+            ).json()
+            assert (task["envelope"]["status"], task["envelope"]["reason"]) == (
+                "partial",
+                "same_call",
+            )
+            assert task["task"]["used"]["model_calls"] == 3  # the third proposal was denied
+            fourth = requests.post(
+                server.base + "/v1/openai/responses", json=body, headers=headers, timeout=30
+            ).json()["output"]
+            assert fourth[0]["content"][0]["text"] == text  # the gate answers it itself
+            task = requests.post(
+                server.base + "/v1/tasks", json={"task_key": "try-1"}, headers=headers, timeout=10
+            ).json()
+            assert task["task"]["used"]["model_calls"] == 3  # the model was not called again
+        finally:
+            server.stop()
+    finally:
+        model.terminate()
+        model.wait(10)
+        if model.stdout is not None:
+            model.stdout.close()

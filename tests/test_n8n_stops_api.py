@@ -7,6 +7,7 @@ loopstop stop holds whatever n8n does."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,6 +178,11 @@ def test_task_stop_cancels_the_executions_of_the_task(
     assert status == 201, task
     tid = task["task"]["task_id"]
     status, _ = api.post(f"/v1/tasks/{tid}/model-calls", {"execution_id": "32"})
+    listed = api.get(f"/v1/tasks/{tid}")[1]["executions"]
+    assert [(e["execution_id"], e["execution_mode"]) for e in listed] == [
+        ("31", "production"),
+        ("32", "production"),
+    ]
     status, out = api.post(f"/v1/tasks/{tid}/stop", {"reason": "operator"})
     assert status == 200, out
     assert out["envelope"]["reason"] == "operator_stop"
@@ -366,3 +372,34 @@ def test_execution_ids_are_validated(make_app: AppFactory, execution_id: str, ok
     assert (status == 200) is ok, out
     if not ok:
         assert out["errors"][0]["loc"][-1] == "execution_id"
+
+
+def test_the_executions_of_a_task_are_kept_as_long_as_the_task(
+    make_app: AppFactory, n8n: FakeN8nServer, store_url: str
+) -> None:
+    """The record of the executions that acted for a task expires with the task: when the
+    task ends (its time to live shrinks to the retention) and when a resume extends it."""
+    if not store_url.startswith("sqlite"):
+        pytest.skip("reads the expiry of the SQLite rows")
+    api = admin(build(make_app, n8n.api_url))
+    status, task = api.post("/v1/tasks", {"workflow": "wf-a", "execution_id": "41"})
+    assert status == 201, task
+    tid = task["task"]["task_id"]
+    db = sqlite3.connect(store_url.removeprefix("sqlite:///"))
+
+    def expiries() -> tuple[float, float]:
+        rows = dict(db.execute("SELECT key, expires_at FROM kv").fetchall())
+        return rows[f"p:task:{tid}"], rows[f"p:taskwatch:{tid}"]
+
+    assert expiries()[1] == pytest.approx(expiries()[0], abs=1)
+    api.post(f"/v1/tasks/{tid}/stop", {"reason": "operator"})  # ended: kept for the retention
+    task_expiry, watch_expiry = expiries()
+    assert watch_expiry == pytest.approx(task_expiry, abs=1)
+    status, out = api.post(
+        f"/v1/tasks/{tid}/resume", {"reason": "more time", "extend": {"deadline_s": 86400 * 30}}
+    )
+    assert status == 200, out
+    resumed_task, resumed_watch = expiries()
+    assert resumed_task > task_expiry + 86400  # the resume made the task live longer
+    assert resumed_watch == pytest.approx(resumed_task, abs=1)
+    assert [e["execution_id"] for e in api.get(f"/v1/tasks/{tid}")[1]["executions"]] == ["41"]

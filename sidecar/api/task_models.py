@@ -181,6 +181,11 @@ class TaskResponse(BaseModel):
         default=None,
         description="What the last task stop asked n8n and saw (GET and stop answers).",
     )
+    executions: list[dict[str, JsonValue]] = Field(
+        default=[],
+        description="The n8n executions that acted for the task, as far as loopstop was "
+        "told (`execution_id` of a request, a `loopstop-execution` line): a stop stops them.",
+    )
 
 
 class ModelCallResponse(TaskResponse):

@@ -11,7 +11,7 @@ from flask import Blueprint, Response, g, jsonify
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import cancellation_view, outlier_view
 from sidecar.api.decisions import log_decision
-from sidecar.api.models import ModeQuery
+from sidecar.api.models import ModeQuery, rfc3339
 from sidecar.api.openapi import route
 from sidecar.api.task_models import (
     CALL_ID_PATTERN,
@@ -138,12 +138,14 @@ def get(task_id: str) -> Response:
 
 
 def _watch_fields(ns: str, task: Task) -> dict[str, Any]:
-    """The task's outlier mark and its last stop's cancellation in n8n (DESIGN §6)."""
+    """The task's outlier mark, the executions that acted for it and its last stop's
+    cancellation in n8n (DESIGN §6)."""
     rt = runtime()
     watched = rt.tasks.watched(ns, task.task_id)
     return {
         "outlier": outlier_view(watched.get("outlier")),
         "cancellation": cancellation_view(rt.stops.recorded(ns, "task", task.task_id)),
+        "executions": [{**e, "at": rfc3339(e.get("at"))} for e in watched.get("executions", [])],
     }
 
 

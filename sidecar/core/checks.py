@@ -1,6 +1,6 @@
 """Check verdicts and the checks' pure rules (DESIGN §4): reasons, results,
-the pagination lineage of a ``cursor`` check and how ``all`` / ``any``
-combine their parts. Running a check (HTTP, JSON Schema) is
+a ``cursor`` check's page (its memory is :mod:`sidecar.core.lineage`) and
+how ``all`` / ``any`` combine their parts. Running a check (HTTP, JSON Schema) is
 :mod:`sidecar.checks`; nothing here does I/O.
 """
 
@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from sidecar.core.lineage import Lineage, step_page
 
 
 class CheckReason(StrEnum):
@@ -68,47 +70,25 @@ class CheckResult:
         }
 
 
-@dataclass(frozen=True)
-class Lineage:
-    """What a task has paged through: cursors seen, record-id fingerprints seen
-    (the most recent :data:`MAX_LINEAGE_IDS`) and how many distinct ids in all."""
-
-    cursors: tuple[str, ...] = ()
-    ids: tuple[str, ...] = ()
-    count: int = 0
-
-
-#: How many record ids (as short fingerprints) one lineage keeps.
-MAX_LINEAGE_IDS = 50_000
-
-
 def cursor_step(
     lineage: Lineage, cursor_fp: str | None, id_fps: Iterable[str]
 ) -> tuple[Lineage, CheckResult]:
-    """One page of a pagination lineage (pure).
+    """One page of a pagination lineage (pure): the rule and its fixed-size
+    memory are :func:`sidecar.core.lineage.step_page`'s, with the error rate
+    stated there (it may take an old page for new, never a new page for old).
 
     A page with record ids not seen before passes, whatever its cursor (some
     APIs advance server-side behind a constant handle); a cursor seen before
     with no new ids fails ``cycle``; any other page with no new ids fails
     ``no_new_records``. The revision is the number of distinct ids seen.
     """
-    seen = set(lineage.ids)
-    fresh = list(dict.fromkeys(i for i in id_fps if i not in seen))
-    repeated_cursor = cursor_fp is not None and cursor_fp in lineage.cursors
-    ids = (*lineage.ids, *fresh)[-MAX_LINEAGE_IDS:]
-    cursors = (
-        lineage.cursors if cursor_fp is None or repeated_cursor else (*lineage.cursors, cursor_fp)
-    )
-    new = Lineage(tuple(cursors)[-1000:], tuple(ids))
+    new, page = step_page(lineage, cursor_fp, id_fps)
     evidence = {
-        "new_records": len(fresh),
-        "records_seen": len(ids),
-        "cursor_seen_before": repeated_cursor,
+        "new_records": page.new_records,
+        "records_seen": page.records_seen,
+        "cursor_seen_before": page.cursor_seen_before,
     }
-    if fresh:
-        return new, CheckResult(True, CheckReason.PASSED, len(ids), evidence)
-    reason = CheckReason.CYCLE if repeated_cursor else CheckReason.NO_NEW_RECORDS
-    return new, CheckResult(False, reason, len(ids), evidence)
+    return new, CheckResult(page.passed, CheckReason(page.reason), page.records_seen, evidence)
 
 
 def combine(kind: str, results: list[CheckResult]) -> CheckResult:

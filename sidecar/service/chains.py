@@ -207,6 +207,12 @@ class ChainService:
             chain_ids = {lk.chain_id for lk in links} | {m.chain_id for m in candidates}
             if own is not None:
                 chain_ids.add(own.chain_id)
+            # The chains and their stops, in one read (not one per step).
+            txn.prefetch(
+                k
+                for cid in sorted(chain_ids)
+                for k in (keys.chain(ns, cid), keys.chain_stop(ns, cid))
+            )
             chains = {
                 cid: c
                 for cid in sorted(chain_ids)

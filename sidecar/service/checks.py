@@ -12,7 +12,8 @@ from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
 from sidecar.checks import Checks, StorePart
 from sidecar.config import CursorCheck, OperationsCheck
-from sidecar.core.checks import CheckReason, CheckResult, Lineage, cursor_step
+from sidecar.core.checks import CheckReason, CheckResult, cursor_step
+from sidecar.core.lineage import Lineage
 from sidecar.core.operations import OperationState, observe
 from sidecar.core.tasks import CheckVerdict, Task
 from sidecar.errors import Forbidden, NotFound
@@ -86,16 +87,16 @@ class CheckService:
                     False, CheckReason.MISSING_INPUT, evidence={"missing": "task_id"}
                 )
             key = keys.lineage(ns, task_id, f"{name}:{scope}" if scope else name)
-            lineage = txn.read(self.lineages, key) or Lineage()
+            lineage = txn.read(self.lineages, key) or Lineage.from_doc(None)
             cursor = jmespath.search(cfg.cursor, data)
             records = jmespath.search(cfg.records, data)
             ids = records if isinstance(records, list) else []
             cursor_fp = (
                 None
                 if cursor is None
-                else self.fp.key_hash("cursor", canonical_json(cursor).decode())[:16]
+                else self.fp.key_hash("cursor", canonical_json(cursor).decode())
             )
-            id_fps = [self.fp.key_hash("record", canonical_json(i).decode())[:16] for i in ids]
+            id_fps = [self.fp.key_hash("record", canonical_json(i).decode()) for i in ids]
             new, result = cursor_step(lineage, cursor_fp, id_fps)
             txn.refresh(self.lineages, ns, key, new)
             return result

@@ -18,7 +18,7 @@ mapper                record (core)                   TTL
 ``LINKS``             ``core.chains.Link``              until the effect expires
 ``window()``          ``core.chains.Seen``              the dedupe window
 ``subject_rate()``    ``core.chains.RateLog``           the rate window
-``lineages()``        ``core.checks.Lineage``         the checks' retention
+``lineages()``        ``core.lineage.Lineage``        the checks' retention
 ====================  ==============================  ================================
 
 A workflow's activation counters are not records: they are incremented at
@@ -37,7 +37,7 @@ from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.core import operations as ops_core
 from sidecar.core.chains import Chain, Effect, Link, RateLog, Seen
-from sidecar.core.checks import Lineage
+from sidecar.core.lineage import Lineage
 from sidecar.core.operations import OPEN_STATES, Operation, OperationPolicy
 from sidecar.core.outliers import Exceeded
 from sidecar.core.stops import Stop, StopScope, covering
@@ -298,11 +298,7 @@ def subject_rate(ttl_s: float) -> Plain[RateLog]:
 
 def lineages(retention_s: float) -> Plain[Lineage]:
     """What a task has paged through under a cursor check, kept for ``retention_s``."""
-    return Plain(
-        lambda d: Lineage(tuple(d["cursors"]), tuple(d["ids"]), int(d.get("count", 0))),
-        lambda lin: {"cursors": list(lin.cursors), "ids": list(lin.ids)},
-        lambda _lin, _now: retention_s,
-    )
+    return Plain(Lineage.from_doc, Lineage.to_doc, lambda _lin, _now: retention_s)
 
 
 def covering_stop(

@@ -305,12 +305,14 @@ class OperationService:
         :raises NotFound, StaleAttempt, StateConflict, Forbidden, StoreUnavailable:
             see :func:`sidecar.core.operations.commit`.
         """
+        # Likely what this process wrote at the begin: decided on that, checked.
         return self._settle(
             principal,
             ns,
             operation_id,
             workflow,
             lambda op, now: core.commit(op, operation_id, attempt, receipt, result, now),
+            recent_likely=True,
         )
 
     def fail(
@@ -368,6 +370,8 @@ class OperationService:
         operation_id: str,
         workflow: str | None,
         step: Callable[[Operation, float], tuple[Operation | None, Operation]],
+        *,
+        recent_likely: bool = False,
     ) -> Operation:
         """Commit, fail and reconcile: one scoped record, one core ``step``
         ``(record, now) -> (record to store or None, record to answer)``.
@@ -383,6 +387,7 @@ class OperationService:
             principal,
             lambda op, txn: step(op, txn.now),
             self.clock(),
+            recent_likely=recent_likely,
         )
 
     # -- reads -------------------------------------------------------------

@@ -64,6 +64,11 @@ class Txn:
     def has_read(self, key: str) -> bool:
         return self.snap.has_read(key)
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read every key of ``keys`` not read yet, in one round trip (a decision
+        that learns several keys at once from what it read)."""
+        self.snap.prefetch(keys)
+
     def read(self, mapper: Mapper[R], key: str) -> R | None:
         """The record at ``key``, decoded by ``mapper``; None when absent."""
         return mapper.decode(self.snap.get(key))
@@ -158,13 +163,17 @@ def run(
     now: float,
     *,
     absent_likely: bool = False,
+    recent_likely: bool = False,
 ) -> T:
     """Run ``step`` as one store transaction over the ``declared`` keys.
 
     ``step`` may run more than once (a store retries on a concurrent change),
     so it must decide only from what it reads through the :class:`Txn`.
 
-    :param absent_likely: see :meth:`sidecar.store.Store.transact`.
+    :param absent_likely: the keys are probably absent (a new id);
+    :param recent_likely: they probably hold what this process last read or
+        wrote: the store's modes, documented in :meth:`sidecar.store.Store.transact`
+        (a hint never changes a result).
     :returns: what ``step`` returned, once its changes committed.
     :raises StoreUnavailable: fail closed; exceptions of ``step`` propagate
         and nothing is written.
@@ -175,7 +184,9 @@ def run(
         txn.plan.result = step(txn)
         return txn.plan
 
-    return store.transact(list(declared), decide, absent_likely=absent_likely)
+    return store.transact(
+        list(declared), decide, absent_likely=absent_likely, recent_likely=recent_likely
+    )
 
 
 def update(
@@ -188,6 +199,7 @@ def update(
     now: float,
     *,
     also: Iterable[str] = (),
+    recent_likely: bool = False,
 ) -> T:
     """Load the record ``ident``, authorise ``principal``, run the core ``step``,
     write the record only when it changed.
@@ -195,6 +207,7 @@ def update(
     :param step: ``(record, txn) -> (record to store or None, result)``; it
         may read (and compose) other records through ``txn``.
     :param also: more keys the step reads, declared up front (one round trip).
+    :param recent_likely: see :func:`run`.
     :returns: the step's result.
     :raises NotFound, Forbidden: from :meth:`Scoped.authorize`.
     :raises StoreUnavailable: fail closed.
@@ -207,4 +220,4 @@ def update(
         txn.save(mapper, ns, key, after, record)
         return result
 
-    return run(store, [*mapper.keys(ns, ident), *also], body, now)
+    return run(store, [*mapper.keys(ns, ident), *also], body, now, recent_likely=recent_likely)

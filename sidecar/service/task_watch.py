@@ -109,8 +109,13 @@ class TaskWatch:
         totals = [keys.task_totals(ns, task.workflow, measure) for measure in TOTALS]
         txn.tolerate(key for key in totals if txn.has_read(key))
         # Read the watch document only when something may change in it (or it was
-        # declared up front): a result or a completion costs no extra round trip.
-        needed = execution_id is not None or bool(exceeded) or txn.has_read(watch_key)
+        # declared up front): a result costs no extra round trip. The steps that change
+        # the task's time to live (it ends, it is resumed) read it once each and write it
+        # again, so that it is kept exactly as long as the task.
+        ended_now = task.envelope is not None and (before is None or before.envelope is None)
+        resumed_now = before is not None and before.envelope is not None and task.envelope is None
+        relive = ended_now or resumed_now
+        needed = execution_id is not None or bool(exceeded) or relive or txn.has_read(watch_key)
         doc = self.doc(txn, ns, task.task_id) if needed else {}
         changed = False
         remembered = n8n_executions.remember(
@@ -129,8 +134,7 @@ class TaskWatch:
             doc["outlier"] = mark
             changed = True
             txn.on_commit(lambda: _flagged(task, mark))
-        ended_now = task.envelope is not None and (before is None or before.envelope is None)
-        if changed or (ended_now and doc):
+        if changed or (relive and doc):
             txn.put(watch_key, doc, ttl_s)
         if task.envelope is None:
             if before is None or before.envelope is not None:

@@ -168,10 +168,20 @@ class TaskService:
         task_id: str,
         step: Callable[[Task, Txn], tuple[Task | None, T]],
         also: list[str] | None = None,
+        *,
+        recent_likely: bool = False,
     ) -> T:
         """One decision on one task (:func:`sidecar.service.records.update`)."""
         return records.update(
-            self.store, self.records, ns, task_id, principal, step, self.clock(), also=also or ()
+            self.store,
+            self.records,
+            ns,
+            task_id,
+            principal,
+            step,
+            self.clock(),
+            also=also or (),
+            recent_likely=recent_likely,
         )
 
     # -- routes ------------------------------------------------------------------
@@ -419,12 +429,14 @@ class TaskService:
                 txn.save(self.operations.records, ns, op_key, new_op, op)
             return None, (new, out)
 
+        # Likely the task as this process last wrote it: decided on that, checked.
         return self._update(
             principal,
             ns,
             task_id,
             step,
             [*self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)],
+            recent_likely=True,
         )
 
     def tool_result(
@@ -459,7 +471,7 @@ class TaskService:
                 txn.save(self.operations.records, ns, op_key, new_op, op)
             return new, (new, out, checked)
 
-        return self._update(principal, ns, task_id, step)
+        return self._update(principal, ns, task_id, step, recent_likely=True)
 
     def _tool_check(self, principal: Principal, ns: str, task_id: str, call_id: str) -> str | None:
         """The check configured for the tool of ``call_id`` (read before any I/O).

@@ -29,12 +29,15 @@ write run again.
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import orjson
 
@@ -187,6 +190,13 @@ class Snapshot:
             self._load([key])
         return self._docs[key]
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read every key of ``keys`` not read yet, together (one round trip),
+        when a function learns several keys at once from what it read."""
+        fresh = [k for k in dict.fromkeys(keys) if k not in self._docs]
+        if fresh:
+            self._load(fresh)
+
     def has_read(self, key: str) -> bool:
         return key in self._docs
 
@@ -194,19 +204,95 @@ class Snapshot:
 TxnFn = Callable[[Snapshot], Plan[T]]
 
 
+#: Methods of a backend that meet the driver (every public one, and the meta
+#: hooks): :meth:`Store.__init_subclass__` wraps each so that a driver error
+#: leaves it as :class:`StoreUnavailable`.
+_PRIVATE_WRAPPED = frozenset({"_read_meta", "_write_meta"})
+
+
+def _wrap_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except self.driver_errors as exc:
+            self._unavailable(exc)
+
+    wrapper.__wraps_errors__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 class Store(abc.ABC):
-    """One small interface over SQLite and Redis.
+    """One small interface over SQLite, Redis and PostgreSQL.
 
     Every method raises :class:`sidecar.errors.StoreUnavailable` when the
     backend cannot be reached or cannot commit; nothing else escapes from a
-    driver. Exceptions raised by a transaction function abort the
-    transaction (nothing is written) and propagate unchanged.
+    driver. The translation is made once, here: a backend names its driver's
+    exceptions in :attr:`driver_errors` and every public method it defines
+    (and ``_read_meta`` / ``_write_meta``) is wrapped when the class is made
+    (:meth:`__init_subclass__`, as the ``limits`` library wraps its storages).
+    Exceptions raised by a transaction function abort the transaction
+    (nothing is written) and propagate unchanged.
+
+    Optimisation modes, which never change a result:
+
+    - ``absent_likely`` (:meth:`transact`): decide on "every declared key is
+      absent" without reading, and let the atomic compare check that guess
+      (a first ``begin`` of an id). Redis saves its read round trip; SQLite
+      and PostgreSQL read in the same transaction anyway and ignore it.
+    - ``recent_likely`` (:meth:`transact`): the same, on the values this
+      process last read or wrote for the keys (Redis keeps a bounded map of
+      them); a commit after its begin, a result after its call.
+    - :attr:`Plan.increments`: counters that many decisions share (a
+      workflow's rate) are added at commit and never compared, so
+      concurrent decisions do not conflict on them.
+    - :attr:`Plan.unchecked`: keys read but left out of the compare (a
+      decision tolerates them having changed); never written.
+    - Keys declared up front are read in one round trip; a key first read
+      inside the function costs one more (:class:`Snapshot`).
+    - A transaction whose plan writes nothing commits nothing: Redis answers
+      after its read, without the compare-and-set.
     """
 
     backend: str = "abstract"
+    #: The driver's exceptions that mean "the store cannot answer".
+    driver_errors: tuple[type[BaseException], ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, member in list(vars(cls).items()):
+            wrapped = not name.startswith("_") or name in _PRIVATE_WRAPPED
+            if wrapped and inspect.isfunction(member) and not hasattr(member, "__wraps_errors__"):
+                setattr(cls, name, _wrap_errors(member))
+
+    def _unavailable(self, exc: BaseException) -> NoReturn:
+        """Log ``exc`` for the operator and raise the 503 that names neither
+        the store's address nor the driver's words (the log has both)."""
+        log.warning("%s store %s: %s: %s", self.backend, self._where(), type(exc).__name__, exc)
+        raise StoreUnavailable(f"{self.backend} store unavailable ({type(exc).__name__})") from exc
+
+    def _where(self) -> str:
+        """The store's address for the operator log (no password)."""
+        return ""
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Driver errors become :class:`StoreUnavailable` inside a narrower
+        scope than a method (where a caller within the store must see the 503)."""
+        try:
+            yield
+        except self.driver_errors as exc:
+            self._unavailable(exc)
 
     @abc.abstractmethod
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         """Read ``keys``, call ``fn(snapshot)``, apply its plan atomically.
 
         ``fn`` may be called more than once (Redis retries on a concurrent
@@ -218,6 +304,12 @@ class Store(abc.ABC):
         a wrong guess is detected and ``fn`` runs again on what is stored, so
         the hint never changes a result (an exception ``fn`` raises on a
         guess is dropped the same way).
+
+        ``recent_likely`` is a hint that the keys probably still hold what
+        this process last read or wrote there (a commit after its begin, a
+        tool call's result after its admission). A store may then decide on
+        those values without reading and let its compare check them, with
+        the same guarantees as ``absent_likely``.
 
         :returns: ``plan.result``.
         :raises StoreUnavailable: on a driver error or persistent contention.

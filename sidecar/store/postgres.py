@@ -247,6 +247,7 @@ class PostgresStore(Store):
     """
 
     backend = "postgresql"
+    driver_errors = (psycopg.Error, psycopg_pool.PoolTimeout)
 
     def __init__(
         self,
@@ -327,27 +328,24 @@ class PostgresStore(Store):
                 conn.deadline = None
             pool.putconn(conn)
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """The one place driver errors become :class:`StoreUnavailable`.
-
-        The answer names neither the URL nor the server's words (a caller
-        sees 503 and the error class); the operator log has both.
-        """
-        try:
-            yield
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            log.warning("postgres store %s: %s: %s", self.url_redacted, type(exc).__name__, exc)
-            raise StoreUnavailable(f"postgres store unavailable ({type(exc).__name__})") from exc
+    def _where(self) -> str:
+        return self.url_redacted
 
     # -- interface ---------------------------------------------------------
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         del absent_likely  # a read is one statement: nothing to save by guessing
         self._guard_identity()
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
-        with self._errors(), self._connection(deadline) as conn:
+        with self._connection(deadline) as conn:
             # After a conflict, every key the losing attempt compared is
             # locked (in one sorted pass: exclusive for the ones it wrote,
             # shared for the rest) before it is read: a hot key then queues
@@ -525,7 +523,7 @@ class PostgresStore(Store):
         self._guard_identity()
         unique = list(dict.fromkeys(keys))
         deadline = time.monotonic() + self.timeout_s
-        with self._errors(), self._connection(deadline) as conn:
+        with self._connection(deadline) as conn:
             with conn.pipeline():
                 identity = conn.execute(_IDENTITY, (META_ID,))
                 cur = conn.execute(_SELECT, (unique, self.clock()))
@@ -555,14 +553,14 @@ class PostgresStore(Store):
             args += [after[0], after[1]]
         sql += " ORDER BY score, member LIMIT %s"
         args.append(limit)
-        with self._errors(), self._connection(time.monotonic() + self.timeout_s) as conn:
+        with self._connection(time.monotonic() + self.timeout_s) as conn:
             return [(str(m), float(s)) for m, s in conn.execute(sql, args).fetchall()]
 
     def index_count(
         self, index: str, *, min_score: float = float("-inf"), max_score: float = float("inf")
     ) -> int:
         self._guard_identity()
-        with self._errors(), self._connection(time.monotonic() + self.timeout_s) as conn:
+        with self._connection(time.monotonic() + self.timeout_s) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM loopstop_idx WHERE name = %s AND score >= %s AND score <= %s",
                 (index, min_score, max_score),
@@ -572,7 +570,7 @@ class PostgresStore(Store):
     def ping(self) -> dict[str, Any]:
         """Probe a write (a read-only standby is not ready), the identity and durability."""
         self._guard_identity()
-        with self._errors(), self._connection(time.monotonic() + self.timeout_s) as conn:
+        with self._connection(time.monotonic() + self.timeout_s) as conn:
             with conn.pipeline():
                 conn.execute(
                     "INSERT INTO loopstop_meta (key, value) VALUES ('ready_probe', %s) "
@@ -608,7 +606,7 @@ class PostgresStore(Store):
     ) -> int:
         """Create the tables (once, under a lock) unless the stored schema is newer,
         then as :meth:`Store.ensure_schema`."""
-        with self._errors(), self._connection(time.monotonic() + max(10.0, self.timeout_s)) as c:
+        with self._connection(time.monotonic() + max(10.0, self.timeout_s)) as c:
             c.deadline = None  # DDL may wait for another instance's migration
             with c.transaction():
                 c.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
@@ -619,13 +617,13 @@ class PostgresStore(Store):
         return super().ensure_schema(current, migrations, expected_identity=expected_identity)
 
     def _read_meta(self, name: str) -> str | None:
-        with self._errors(), self._connection(time.monotonic() + self.timeout_s) as conn:
+        with self._connection(time.monotonic() + self.timeout_s) as conn:
             row = conn.execute(_IDENTITY, (name,)).fetchone()
         return None if row is None else str(row[0])
 
     def _write_meta(self, name: str, value: str, *, only_if_absent: bool = False) -> str:
         conflict = "NOTHING" if only_if_absent else "UPDATE SET value = EXCLUDED.value"
-        with self._errors(), self._connection(time.monotonic() + self.timeout_s) as conn:
+        with self._connection(time.monotonic() + self.timeout_s) as conn:
             conn.execute(
                 f"INSERT INTO loopstop_meta (key, value) VALUES (%s, %s) "
                 f"ON CONFLICT (key) DO {conflict}",
@@ -640,7 +638,7 @@ class PostgresStore(Store):
 
         ``loopstop purge`` calls it until nothing is left.
         """
-        with self._errors(), self._connection(time.monotonic() + self.timeout_s) as conn:
+        with self._connection(time.monotonic() + self.timeout_s) as conn:
             return conn.execute(_SWEEP, (self.clock(), limit)).rowcount
 
     def _maybe_sweep(self) -> None:
@@ -654,7 +652,7 @@ class PostgresStore(Store):
 
     def row_count(self) -> int:
         """Documents stored, expired ones included (for tests and ``purge``)."""
-        with self._errors(), self._connection(time.monotonic() + self.timeout_s) as conn:
+        with self._connection(time.monotonic() + self.timeout_s) as conn:
             row = conn.execute("SELECT count(*) FROM loopstop_kv").fetchone()
         return int(row[0]) if row else 0
 

@@ -27,6 +27,15 @@ the read, so still two. A guess that times out (a write pause during a
 failover blocks the script) is decided once more on a real read, so a
 replay is still answered while writes wait.
 
+A transaction on keys this process probably saw last (``recent_likely``: a
+commit after its begin, a tool call's result after its admission) skips the
+``MGET`` the same way when every declared key is in the store object's map
+of recent values (the raw text it last read or wrote per key, bounded by
+:data:`RECENT_KEYS` and :data:`RECENT_CHARS`): the function decides on those
+values and the compare-and-set checks them exactly. A guess never stands on
+keys the plan leaves unchecked (counters that increments change): those
+transactions read.
+
 Every transaction also compares the store's identity (``loopstop:store_id``)
 inside the same ``MGET`` or script, so a Redis restarted empty is refused
 at the next decision. Every ``policy_check_s`` seconds (and at start) the
@@ -54,9 +63,10 @@ import json
 import logging
 import math
 import random
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, NoReturn, cast
 from urllib.parse import parse_qs, urlparse
@@ -105,6 +115,7 @@ class RedisStore(Store):
     """
 
     backend = "redis"
+    driver_errors = (redis.RedisError,)
 
     def __init__(
         self,
@@ -149,26 +160,17 @@ class RedisStore(Store):
         self._policy_at = -math.inf
         self._policy_bad: str | None = None
         self._cas = self.client.register_script(_CAS)
+        self._recent = _Recent()
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """The one place driver errors become :class:`StoreUnavailable`.
+    def _where(self) -> str:
+        return self.url_redacted
 
-        The answer names neither the URL nor the server's words (a caller
-        sees 503 and the error class); the operator log has both.
-        """
-        try:
-            yield
-        except redis.ResponseError as exc:
-            if "not a JSON object" in str(exc):  # the script refused a plan (as SQLite does)
-                raise RuntimeError(str(exc).rsplit(": ", 1)[0]) from exc
-            self._unavailable(exc)
-        except redis.RedisError as exc:
-            self._unavailable(exc)
-
-    def _unavailable(self, exc: redis.RedisError) -> NoReturn:
-        """Log ``exc`` for the operator and raise the 503 that names no URL."""
-        log.warning("redis store %s: %s: %s", self.url_redacted, type(exc).__name__, exc)
+    def _unavailable(self, exc: BaseException) -> NoReturn:
+        """The 503 (:meth:`Store._unavailable`); a plan the script refused is
+        the caller's error (as SQLite raises it), and under Sentinel the
+        primary is asked for again."""
+        if isinstance(exc, redis.ResponseError) and "not a JSON object" in str(exc):
+            raise RuntimeError(str(exc).rsplit(": ", 1)[0]) from exc
         if self.sentinel is not None:
             # The server may no longer be the primary (a failover the old
             # one has not heard of yet: its writes reach no replica). Ask the
@@ -178,7 +180,7 @@ class RedisStore(Store):
             with contextlib.suppress(redis.RedisError):
                 pool.get_master_address()
             pool.disconnect(inuse_connections=False)
-        raise StoreUnavailable(f"redis store unavailable ({type(exc).__name__})") from exc
+        super()._unavailable(exc)
 
     def _guard(self) -> None:
         """Refuse while the identity is lost or the eviction policy is unsafe.
@@ -211,62 +213,76 @@ class RedisStore(Store):
     def _k(self, key: str) -> str:
         return self.prefix + key
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         self._guard()
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         # What the next attempt starts from without reading: every declared
-        # key absent (a guess, when asked for), or the values a failed
-        # compare-and-set returned (one consistent snapshot).
-        seed: dict[str, str | None] | None = dict.fromkeys(declared) if absent_likely else None
-        guessing = absent_likely
+        # key absent, or as this process last saw it (a guess, when asked
+        # for), or the values a failed compare-and-set returned (one
+        # consistent snapshot).
+        seed: dict[str, str | None] | None = None
+        recall = None
+        if absent_likely:
+            seed = dict.fromkeys(declared)
+        elif recent_likely and declared:
+            seed = self._recent.recall(declared)
+            recall = self._recent.get if seed is not None else None
+        guessing = seed is not None
         conflicts = 0
-        with self._errors():
-            for _attempt in range(self.max_retries):
+        for _attempt in range(self.max_retries):
+            if time.monotonic() >= deadline:
+                raise redis.TimeoutError(f"no decision within {self.timeout_s} s")
+            reads = _Reads(self, seed, guessing, recall)
+            reads.load(declared)
+            reads.check_identity()
+            plan = _decide(fn, reads)
+            if plan is None:  # not to be decided on a guess: read what is stored
+                seed, guessing = None, False
+                continue
+            quiet = not (plan.writes or plan.index or plan.trims or plan.increments)
+            if quiet and not guessing and reads.snapshots <= 1:
+                return plan.committed()  # read at one instant: consistent as it is
+            try:
+                current = self._compare_and_set(reads.raw, plan, deadline)
+                self._recent.after(reads.raw, plan, current, self._serialized)
+            except redis.TimeoutError:
                 if time.monotonic() >= deadline:
-                    raise redis.TimeoutError(f"no decision within {self.timeout_s} s")
-                reads = _Reads(self, seed, guessing)
-                reads.load(declared)
-                reads.check_identity()
-                plan = _decide(fn, reads)
-                if plan is None:  # not to be decided on a guess: read what is stored
-                    seed, guessing = None, False
-                    continue
-                quiet = not (plan.writes or plan.index or plan.trims or plan.increments)
-                if quiet and not guessing and reads.snapshots <= 1:
-                    return plan.committed()  # read at one instant: consistent as it is
-                try:
-                    current = self._compare_and_set(reads.raw, plan, deadline)
-                except redis.TimeoutError:
-                    if time.monotonic() >= deadline:
-                        raise  # one deadline per decision: no second wait stacks on it
-                    # The script may have run: if every write is in place, it did.
-                    if self._landed(plan):
-                        self._wait_for_replicas(deadline)
-                        return plan.committed()
-                    if not guessing:
-                        raise
-                    # A guess waits like any write (a failover's write pause):
-                    # decide once more on a real read, which a replay needs
-                    # no write for. If the script still runs, it compares
-                    # against the guess and writes nothing over a record.
-                    seed, guessing = None, False
-                    continue
-                if current is None:
+                    raise  # one deadline per decision: no second wait stacks on it
+                # The script may have run: if every write is in place, it did.
+                if self._landed(plan):
+                    self._wait_for_replicas(deadline)
                     return plan.committed()
-                seed = current
-                if seed.get(META_ID) != self.identity:
-                    self._verify_identity(seed.get(META_ID))
-                if guessing:
-                    guessing = False  # a wrong guess costs no extra round trip
-                    continue
-                metrics.STORE_CONFLICTS.inc()
-                conflicts += 1
-                if conflicts > 1:
-                    # Back off, then read afresh: values answered before a
-                    # sleep are stale by the sleep and would lose again.
-                    time.sleep(random.uniform(0, min(0.05, 0.001 * 2**conflicts)))
-                    seed = None
+                if not guessing:
+                    raise
+                # A guess waits like any write (a failover's write pause):
+                # decide once more on a real read, which a replay needs
+                # no write for. If the script still runs, it compares
+                # against the guess and writes nothing over a record.
+                seed, guessing = None, False
+                continue
+            if current is None:
+                return plan.committed()
+            seed = current
+            if seed.get(META_ID) != self.identity:
+                self._verify_identity(seed.get(META_ID))
+            if guessing:
+                guessing = False  # a wrong guess costs no extra round trip
+                continue
+            metrics.STORE_CONFLICTS.inc()
+            conflicts += 1
+            if conflicts > 1:
+                # Back off, then read afresh: values answered before a
+                # sleep are stale by the sleep and would lose again.
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**conflicts)))
+                seed = None
         raise StoreUnavailable(
             f"redis store: gave up after {self.max_retries} concurrent changes to the same keys"
         )
@@ -393,8 +409,7 @@ class RedisStore(Store):
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
-        with self._errors():
-            values = self.client.mget([self._k(k) for k in [*unique, META_ID]])
+        values = self.client.mget([self._k(k) for k in [*unique, META_ID]])
         self._verify_identity(cast(str | None, values[-1]))
         pairs = zip(unique, values[:-1], strict=True)
         return {k: None if v is None else json.loads(v) for k, v in pairs}
@@ -416,29 +431,29 @@ class RedisStore(Store):
         out: list[tuple[str, float]] = []
         offset = 0
         batch = max(limit, 50)
-        with self._errors():
-            while len(out) < limit:
-                rows = cast(
-                    list[tuple[str, float]],
-                    self.client.zrange(
-                        self._k(index),
-                        lo,
-                        hi,
-                        byscore=True,
-                        offset=offset,
-                        num=batch,
-                        withscores=True,
-                    ),
-                )
-                for member, score in rows:
-                    if after is not None and (score, member) <= (after[0], after[1]):
-                        continue
-                    out.append((member, score))
-                    if len(out) == limit:
-                        break
-                if len(rows) < batch:
+        while len(out) < limit:
+            metrics.STORE_ROUND_TRIPS.inc()
+            rows = cast(
+                list[tuple[str, float]],
+                self.client.zrange(
+                    self._k(index),
+                    lo,
+                    hi,
+                    byscore=True,
+                    offset=offset,
+                    num=batch,
+                    withscores=True,
+                ),
+            )
+            for member, score in rows:
+                if after is not None and (score, member) <= (after[0], after[1]):
+                    continue
+                out.append((member, score))
+                if len(out) == limit:
                     break
-                offset += batch
+            if len(rows) < batch:
+                break
+            offset += batch
         return out
 
     def index_count(
@@ -447,23 +462,22 @@ class RedisStore(Store):
         lo = "-inf" if math.isinf(min_score) else repr(min_score)
         hi = "+inf" if math.isinf(max_score) else repr(max_score)
         self._guard()
-        with self._errors():
-            return int(self.client.zcount(self._k(index), lo, hi))
+        metrics.STORE_ROUND_TRIPS.inc()
+        return int(self.client.zcount(self._k(index), lo, hi))
 
     def ping(self) -> dict[str, Any]:
         """Probe a write, the identity, the eviction policy and persistence."""
         self._policy_at = -math.inf  # readiness always looks afresh
         self._guard()
-        with self._errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.set(self._k("ready_probe"), repr(time.time()))
-            pipe.get(self._k(META_ID))
-            pipe.info("persistence")
-            _, found, info = pipe.execute()
-            try:
-                save = self.client.config_get("save").get("save", "")
-            except redis.ResponseError:  # CONFIG disabled (managed Redis)
-                save = None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self._k("ready_probe"), repr(time.time()))
+        pipe.get(self._k(META_ID))
+        pipe.info("persistence")
+        _, found, info = pipe.execute()
+        try:
+            save = self.client.config_get("save").get("save", "")
+        except redis.ResponseError:  # CONFIG disabled (managed Redis)
+            save = None
         self._verify_identity(found)
         aof = bool(int(info.get("aof_enabled", 0)))
         rdb = bool(save) if save is not None else None
@@ -484,22 +498,20 @@ class RedisStore(Store):
         }
 
     def _read_meta(self, name: str) -> str | None:
-        with self._errors():
-            value = self.client.get(self._k(name))
+        value = self.client.get(self._k(name))
         return None if value is None else str(value)
 
     def _write_meta(self, name: str, value: str, *, only_if_absent: bool = False) -> str:
-        with self._errors():
-            if only_if_absent:
-                pipe = self.client.pipeline(transaction=True)
-                pipe.set(self._k(name), value, nx=True)
-                pipe.get(self._k(name))
-                stored = pipe.execute()[1]
-            else:
-                self.client.set(self._k(name), value)
-                stored = value
-            if self.wait_replicas > 0:
-                self.client.wait(self.wait_replicas, int(self.timeout_s * 1000))
+        if only_if_absent:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.set(self._k(name), value, nx=True)
+            pipe.get(self._k(name))
+            stored = pipe.execute()[1]
+        else:
+            self.client.set(self._k(name), value)
+            stored = value
+        if self.wait_replicas > 0:
+            self.client.wait(self.wait_replicas, int(self.timeout_s * 1000))
         return str(stored)
 
     def ensure_schema(self, *args: Any, **kwargs: Any) -> int:
@@ -538,14 +550,21 @@ class _Reads:
 
     :param seed: values known without reading (the attempt starts from them).
     :param guessing: the seed is a guess: keys not in it are assumed absent
-        too, never read; the compare-and-set checks every one of them.
+        (or, with ``recall``, as recalled) too, never read; the
+        compare-and-set checks every one of them.
+    :param recall: the guess for a key first read inside the function.
     """
 
     def __init__(
-        self, store: RedisStore, seed: dict[str, str | None] | None, guessing: bool
+        self,
+        store: RedisStore,
+        seed: dict[str, str | None] | None,
+        guessing: bool,
+        recall: Callable[[str], str | None] | None = None,
     ) -> None:
         self.store = store
         self.guessing = guessing
+        self.recall = recall
         self.raw: dict[str, str | None] = {}
         self.docs: dict[str, Doc | None] = {}
         self.snapshots = 0
@@ -578,12 +597,83 @@ class _Reads:
         if not fresh:
             return
         if self.guessing:
-            self._keep(fresh, [None] * len(fresh))
+            recall = self.recall
+            self._keep(fresh, [None if recall is None else recall(k) for k in fresh])
             return
         self.snapshots += 1
         metrics.STORE_ROUND_TRIPS.inc()
         values = cast(list[str | None], self.store.client.mget([self.store._k(k) for k in fresh]))
         self._keep(fresh, values)
+        self.store._recent.remember(zip(fresh, values, strict=True))
+
+
+class _Recent:
+    """What this process last read or wrote under each key (raw text, None:
+    absent), for ``recent_likely`` guesses: at most :data:`RECENT_KEYS` keys
+    and :data:`RECENT_CHARS` characters of documents, the least recently
+    used forgotten first. A value here is only ever a guess: the
+    compare-and-set checks it."""
+
+    def __init__(self) -> None:
+        self._values: OrderedDict[str, str | None] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> str | None:
+        """The value last seen under ``key`` (None: absent or not known)."""
+        with self._lock:
+            return self._values.get(key)
+
+    def recall(self, keys: list[str]) -> dict[str, str | None] | None:
+        """The values last seen under every key of ``keys``; None unless all are known."""
+        with self._lock:
+            if not all(k in self._values for k in keys):
+                return None
+            for k in keys:
+                self._values.move_to_end(k)
+            return {k: self._values[k] for k in keys}
+
+    def remember(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        with self._lock:
+            for key, value in pairs:
+                if key == META_ID:
+                    continue
+                old = self._values.pop(key, None)
+                self._chars -= len(old or "")
+                if value is not None and len(value) > RECENT_CHARS // 16:
+                    continue  # too large to keep: read it again next time
+                self._values[key] = value
+                self._chars += len(value or "")
+            while len(self._values) > RECENT_KEYS or self._chars > RECENT_CHARS:
+                _, dropped = self._values.popitem(last=False)
+                self._chars -= len(dropped or "")
+
+    def forget(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._chars -= len(self._values.pop(key, None) or "")
+
+    def after(
+        self,
+        raw: dict[str, str | None],
+        plan: Plan[Any],
+        current: dict[str, str | None] | None,
+        serialized: Callable[[Plan[Any]], dict[str, str | None]],
+    ) -> None:
+        """Keep what a compare-and-set left: the plan's documents when it
+        applied (and the compared ones as read), else the values it answered."""
+        self.forget([*plan.increments, *plan.unchecked])
+        if current is not None:
+            self.remember(current.items())
+            return
+        written = serialized(plan)
+        compared = ((k, v) for k, v in raw.items() if k not in written and k not in plan.unchecked)
+        self.remember([*compared, *written.items()])
+
+
+#: Keys and characters of documents :class:`_Recent` keeps per store object.
+RECENT_KEYS = 4096
+RECENT_CHARS = 16_000_000
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:

@@ -27,12 +27,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.errors import StoreUnavailable
 from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
 
 log = logging.getLogger("loopstop.store")
@@ -71,6 +69,7 @@ class SQLiteStore(Store):
     """
 
     backend = "sqlite"
+    driver_errors = (sqlite3.Error,)
 
     def __init__(
         self,
@@ -115,60 +114,55 @@ class SQLiteStore(Store):
             self._local.pid = os.getpid()
         return conn
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """The one place driver errors become :class:`StoreUnavailable`.
-
-        The answer names neither the file nor the driver's words (a caller
-        sees 503 and the error class); the operator log has both.
-        """
-        try:
-            yield
-        except sqlite3.Error as exc:
-            log.warning("sqlite store %s: %s", self.path, exc)
-            raise StoreUnavailable(f"sqlite store unavailable ({type(exc).__name__})") from exc
+    def _where(self) -> str:
+        return str(self.path)
 
     # -- interface ---------------------------------------------------------
 
-    def transact(self, keys: Iterable[str], fn: TxnFn[T], *, absent_likely: bool = False) -> T:
+    def transact(
+        self,
+        keys: Iterable[str],
+        fn: TxnFn[T],
+        *,
+        absent_likely: bool = False,
+        recent_likely: bool = False,
+    ) -> T:
         del absent_likely  # one local read inside the write lock: nothing to save
         with self._writer:
             return self._transact(keys, fn)
 
     def _transact(self, keys: Iterable[str], fn: TxnFn[T]) -> T:
         self._guard_identity()
-        with self._errors():
-            conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if self.identity is not None:
-                    self._verify_identity(_meta(conn, META_ID))
-                now = self.clock()
-                docs: dict[str, Doc | None] = {}
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self.identity is not None:
+                self._verify_identity(_meta(conn, META_ID))
+            now = self.clock()
+            docs: dict[str, Doc | None] = {}
 
-                def load(more: list[str]) -> None:
-                    docs.update(self._select(conn, [k for k in more if k not in docs], now))
+            def load(more: list[str]) -> None:
+                docs.update(self._select(conn, [k for k in more if k not in docs], now))
 
-                load(list(dict.fromkeys(keys)))
-                plan = fn(Snapshot(docs, load))
-                self._apply(conn, plan, docs, now)
-                self._count += 1
-                if self.sweep_every and self._count % self.sweep_every == 0:
-                    self._sweep(conn, now)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            load(list(dict.fromkeys(keys)))
+            plan = fn(Snapshot(docs, load))
+            self._apply(conn, plan, docs, now)
+            self._count += 1
+            if self.sweep_every and self._count % self.sweep_every == 0:
+                self._sweep(conn, now)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         return plan.committed()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
         self._guard_identity()
-        with self._errors():
-            conn = self._conn()
-            if self.identity is not None:
-                self._verify_identity(_meta(conn, META_ID))
-            return self._select(conn, list(dict.fromkeys(keys)), self.clock())
+        conn = self._conn()
+        if self.identity is not None:
+            self._verify_identity(_meta(conn, META_ID))
+        return self._select(conn, list(dict.fromkeys(keys)), self.clock())
 
     def index_page(
         self,
@@ -188,61 +182,56 @@ class SQLiteStore(Store):
             args += [after[0], after[0], after[1]]
         sql += " ORDER BY score, member LIMIT ?"
         args.append(limit)
-        with self._errors():
-            return [(m, s) for m, s in self._conn().execute(sql, args)]
+        return [(m, s) for m, s in self._conn().execute(sql, args)]
 
     def index_count(
         self, index: str, *, min_score: float = float("-inf"), max_score: float = float("inf")
     ) -> int:
         lo = -1e308 if math.isinf(min_score) else min_score
         hi = 1e308 if math.isinf(max_score) else max_score
-        with self._errors():
-            row = (
-                self._conn()
-                .execute(
-                    "SELECT COUNT(*) FROM idx WHERE name = ? AND score >= ? AND score <= ?",
-                    (index, lo, hi),
-                )
-                .fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "SELECT COUNT(*) FROM idx WHERE name = ? AND score >= ? AND score <= ?",
+                (index, lo, hi),
             )
+            .fetchone()
+        )
         return int(row[0])
 
     def ping(self) -> dict[str, Any]:
         """Probe a write (a read-only file or a full disk is not ready) and the identity."""
         self._guard_identity()
-        with self._errors():
-            conn = self._conn()
-            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if self.identity is not None:
-                    self._verify_identity(_meta(conn, META_ID))
-                conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('ready_probe', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (repr(self.clock()),),
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        conn = self._conn()
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self.identity is not None:
+                self._verify_identity(_meta(conn, META_ID))
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('ready_probe', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (repr(self.clock()),),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         warnings = [] if mode == "wal" else [f"journal_mode is {mode}, not wal"]
         return {"backend": self.backend, "warnings": warnings}
 
     def _read_meta(self, name: str) -> str | None:
-        with self._errors():
-            return _meta(self._conn(), name)
+        return _meta(self._conn(), name)
 
     def _write_meta(self, name: str, value: str, *, only_if_absent: bool = False) -> str:
         conflict = "NOTHING" if only_if_absent else "UPDATE SET value = excluded.value"
-        with self._errors():
-            conn = self._conn()
-            conn.execute(
-                f"INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO {conflict}",
-                (name, value),
-            )
-            stored = _meta(conn, name)
+        conn = self._conn()
+        conn.execute(
+            f"INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO {conflict}",
+            (name, value),
+        )
+        stored = _meta(conn, name)
         assert stored is not None
         return stored
 
@@ -251,26 +240,23 @@ class SQLiteStore(Store):
 
         ``loopstop purge`` calls it until nothing is left.
         """
-        with self._errors():
-            conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                n = self._sweep(conn, self.clock(), limit)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return n
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            n = self._sweep(conn, self.clock(), limit)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return n
 
     def vacuum(self) -> None:
         """Rebuild the file, giving freed pages back to the disk (blocks writers)."""
-        with self._errors():
-            self._conn().execute("VACUUM")
+        self._conn().execute("VACUUM")
 
     def row_count(self) -> int:
         """Documents stored, expired ones included (for tests and ``purge``)."""
-        with self._errors():
-            return int(self._conn().execute("SELECT COUNT(*) FROM kv").fetchone()[0])
+        return int(self._conn().execute("SELECT COUNT(*) FROM kv").fetchone()[0])
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

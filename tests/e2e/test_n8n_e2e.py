@@ -103,8 +103,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             (EXAMPLES / "loopstop.yaml")
             .read_text()
             .replace("http://127.0.0.1:8790", records_base)
-            .replace("https://api.openai.com/v1", llm.base)
-            .replace("OPENAI_API_KEY", "E2E_UPSTREAM_KEY")
+            .replace("http://127.0.0.1:8791/v1", llm.base)
         )
         sidecar = Sidecar(
             work,
@@ -112,7 +111,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "LOOPSTOP_CONFIG": str(config),
                 "LOOPSTOP_STORE": f"sqlite:///{work / 'loopstop.db'}",
                 "LOOPSTOP_TOKEN_N8N": TOKEN,
-                "E2E_UPSTREAM_KEY": "sk-upstream-fake",
             },
             workers=2,
         ).start()

@@ -7,6 +7,9 @@ key, and a local recorder standing for the side effect. The workflow checks
 its trigger with the Loop Stop node, then waits in a Wait node (a short
 wait stays ``running`` in n8n, one past 65 s is parked as ``waiting``), then
 posts to the recorder: a cancelled execution must never reach that step.
+A third workflow is the shipped gate-only agent (its OpenAI Chat Model on
+loopstop's model gate, the fake upstream of ``tests/fake_llm.py`` behind it)
+whose tool is held by the recorder mid-task, then a step after the agent.
 Marked ``n8n``: ``-m "not n8n"`` skips it.
 """
 
@@ -29,8 +32,11 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from fake_llm import FakeLLM  # noqa: E402
+from fake_llm import serve as serve_fake_llm  # noqa: E402
 from local_http import JsonHandler, running  # noqa: E402
 from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
+from test_n8n_gate import EXAMPLE, _node, _rewrite, _variant  # noqa: E402
 from test_serve import Sidecar  # noqa: E402
 
 from conftest import free_port  # noqa: E402
@@ -41,6 +47,7 @@ TOKEN = "e2e-stops-n8n-token-0123456789"
 ADMIN = "e2e-stops-admin-token-0123456789"
 WORKFLOW = "lsStopWait000001"
 TASK_WORKFLOW = "lsStopTask000001"
+AGENT_WORKFLOW = "lsStopAgent00001"
 CONFIRM_S = 20
 SHORT_WAIT_S = 12  # kept in memory by n8n: "running"
 LONG_WAIT_S = 90  # parked in the database: "waiting"
@@ -48,9 +55,12 @@ LONG_WAIT_S = 90  # parked in the database: "waiting"
 
 @dataclass
 class Recorder:
-    """What reached the step after the Wait node."""
+    """What reached the step after the Wait node (or after the agent), and the agent's
+    tool calls, each held until ``release`` is set (a slow API the agent waits on)."""
 
     seen: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -58,11 +68,53 @@ def _recorder_handler(rec: Recorder) -> type[JsonHandler]:
     class Handler(JsonHandler):
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.loads(raw or b"{}")
+            if self.path.startswith("/notes"):
+                with rec.lock:
+                    rec.tools.append(body)
+                rec.release.wait(60)
+                return self._json(201, {"saved": True})
             with rec.lock:
-                rec.seen.append(json.loads(raw or b"{}"))
+                rec.seen.append(body)
             self._json(200, {"ok": True})
 
     return Handler
+
+
+def _agent_workflow(recorder: str, sidecar: str) -> dict[str, Any]:
+    """The shipped gate-only agent, answering its webhook at once, telling the gate its
+    execution id, and posting to the recorder after the agent."""
+    example = json.loads(_rewrite(EXAMPLE.read_text(), sidecar, recorder))
+    wf = _variant(
+        example,
+        AGENT_WORKFLOW,
+        "loopstop-stop-agent",
+        "=loopstop-task-key: stop-agent-{{ $json.body.run }}\n"
+        "loopstop-execution: {{ $execution.id }}\n"
+        "You are a support agent. Use add_note to add one note to the ticket.",
+    )
+    _node(wf, "Webhook")["parameters"]["responseMode"] = "onReceived"
+    wf["nodes"].append(
+        {
+            "id": str(uuid.uuid4()),
+            "name": "Side effect",
+            "type": "n8n-nodes-base.httpRequest",
+            "typeVersion": 4.5,
+            "position": [660, 0],
+            "parameters": {
+                "method": "POST",
+                "url": recorder + "/after",
+                "sendBody": True,
+                "specifyBody": "json",
+                "jsonBody": "={{ JSON.stringify({ agent: $json.output }) }}",
+                "options": {},
+            },
+        }
+    )
+    wf["connections"]["AI Agent"] = {
+        "main": [[{"node": "Side effect", "type": "main", "index": 0}]]
+    }
+    return wf
 
 
 def _workflow(recorder: str, task: bool = False) -> dict[str, Any]:
@@ -163,6 +215,7 @@ class Stack:
     n8n: N8n
     sidecar: Sidecar
     recorder: Recorder
+    llm: FakeLLM
 
     def admin(self, path: str, body: dict[str, Any] | None = None) -> Any:
         headers = {"Authorization": f"Bearer {ADMIN}"}
@@ -211,7 +264,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     package = build_node_package()
     with ExitStack() as stack:
         rec = Recorder()
+        stack.callback(rec.release.set)  # let held tool calls go before the server stops
         recorder = stack.enter_context(running(_recorder_handler(rec)))
+        llm = stack.enter_context(serve_fake_llm())
         home = work / "n8n-home"
         home.mkdir()
         n8n = N8n(install, home, free_port(), free_port())
@@ -224,6 +279,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "chains:\n  default: {rate_limit: 1000}\n"
             f"n8n: {{api_url: '{n8n.base}/api/v1', api_key_env: E2E_N8N_API_KEY,"
             f" timeout_s: 5, confirm_s: {CONFIRM_S}}}\n"
+            f"model_gate: {{upstream_url: '{llm.base}', api_key_env: E2E_UPSTREAM_KEY}}\n"
         )
         sidecar = Sidecar(
             work,
@@ -232,6 +288,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "LOOPSTOP_STORE": f"sqlite:///{work / 'loopstop.db'}",
                 "LOOPSTOP_TOKEN_N8N": TOKEN,
                 "LOOPSTOP_TOKEN_ADMIN": ADMIN,
+                "E2E_UPSTREAM_KEY": "sk-upstream-fake",
             },
             workers=2,
         )
@@ -244,7 +301,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                         "name": "Loop Stop",
                         "type": "loopStopApi",
                         "data": {"baseUrl": sidecar.base, "token": TOKEN},
-                    }
+                    },
+                    {
+                        "id": "lsExModelGate001",
+                        "name": "Loop Stop model gate",
+                        "type": "openAiApi",
+                        "data": {"apiKey": TOKEN, "url": sidecar.base + "/v1/openai"},
+                    },
                 ]
             )
         )
@@ -253,9 +316,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         flows.mkdir()
         (flows / "wait.json").write_text(json.dumps(_workflow(recorder)))
         (flows / "task.json").write_text(json.dumps(_workflow(recorder, task=True)))
+        (flows / "agent.json").write_text(json.dumps(_agent_workflow(recorder, sidecar.base)))
         n8n.import_workflow(flows)
-        n8n.publish(WORKFLOW)
-        n8n.publish(TASK_WORKFLOW)
+        for wid in (WORKFLOW, TASK_WORKFLOW, AGENT_WORKFLOW):
+            n8n.publish(wid)
         stack.callback(n8n.stop)
         n8n.start()
         # The key is made by the owner once n8n runs; the sidecar starts with it.
@@ -265,7 +329,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         print(
             f"\n[n8n-e2e] stops stack ready in {time.monotonic() - started:.0f} s", file=sys.stderr
         )
-        yield Stack(n8n, sidecar, rec)
+        yield Stack(n8n, sidecar, rec, llm)
 
 
 def _by_id(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -416,3 +480,52 @@ def test_a_task_stop_cancels_the_executions_of_that_task(stack: Stack) -> None:
     cleanup = stack.admin(f"/v1/tasks/{tasks[theirs[0]]}/stop", {"reason": "e2e cleanup"})
     assert _by_id(cleanup)[theirs[0]]["confirmed"] is True
     assert stack.recorder.seen == []
+
+
+def test_a_task_stop_cancels_a_running_agent(stack: Stack) -> None:
+    """The agent's first tool call is held (a slow API): the execution is running, mid-task,
+    its id known to the gate from the ``loopstop-execution`` line. A task stop cancels it in
+    n8n, confirmed; no model turn reaches the upstream afterwards and the step after the
+    agent never runs, even once the held tool call answers."""
+    stack.llm.mode = "tool_call"
+    run = "agent-1"
+    r = stack.n8n.webhook("loopstop-stop-agent", {"run": run, "ticket": run, "question": "Go."})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 60
+    while not stack.recorder.tools:
+        assert time.monotonic() < deadline, stack.statuses(AGENT_WORKFLOW)
+        time.sleep(0.25)
+    running_now = stack.wait_for(1, workflow=AGENT_WORKFLOW)
+    assert list(running_now.values()) == ["running"], running_now
+    (execution,) = running_now
+    r = requests.post(
+        stack.sidecar.base + "/v1/tasks",
+        json={"task_key": f"stop-agent-{run}"},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text  # the gate made it on the first model turn
+    task_id = r.json()["task"]["task_id"]
+    known = stack.admin(f"/v1/tasks/{task_id}")["executions"]
+    assert [e["execution_id"] for e in known] == [execution]
+    turns = len(stack.llm.requests)
+
+    out = stack.admin(f"/v1/tasks/{task_id}/stop", {"reason": "e2e agent"})
+    assert (out["envelope"]["status"], out["envelope"]["reason"]) == ("stopped", "operator_stop")
+    assert out["cancellation"]["state"] == "confirmed", out
+    assert _by_id(out) == {
+        execution: {
+            "execution_id": execution,
+            "status_before": "running",
+            "status_after": "canceled",
+            "confirmed": True,
+            "result": "stopped",
+            "error": None,
+        }
+    }
+    stack.recorder.release.set()  # the slow API answers now; nobody may act on it
+    time.sleep(5)
+    assert stack.statuses(AGENT_WORKFLOW)[execution] == "canceled"
+    assert len(stack.llm.requests) == turns  # no model turn after the stop
+    assert len(stack.recorder.tools) == 1
+    assert stack.recorder.seen == []  # the step after the agent never ran

@@ -1,0 +1,170 @@
+"""Redis round trips and commands per decision, on each hot path.
+
+    .venv/bin/python bench/round_trips.py
+
+Runs the sidecar in process (Flask's test client) on a private redis-server
+and prints, for each hot path, the round trips the store made (its own
+``loopstop_store_round_trips_total``) and the commands Redis ran (``INFO
+commandstats`` deltas, a script's own ``GET``/``SET``/``ZADD`` included), as
+the median of a few repetitions. No timing: counts only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import NOT_DECISIONS, SECRET, TOKEN, free_port
+
+from sidecar import metrics
+from sidecar.app import create_app
+
+CONFIG: dict[str, Any] = {
+    "tokens": [{"name": "bench", "env": "BENCH_TOKEN", "workflows": ["*"], "admin": True}],
+    "operations": {"retention_s": 3600},
+    "chains": {
+        "default": {
+            "rate_limit": 1_000_000,
+            "workflow_rate_limit": 1_000_000,
+            "max_activations": 1_000_000,
+        }
+    },
+}
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def commands(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if k.removeprefix("cmdstat_").split("|")[0] not in NOT_DECISIONS
+    )
+
+
+def one_round(
+    post: Callable[[str, dict[str, Any]], dict[str, Any]],
+    measure: Callable[[str, Callable[[], Any]], None],
+) -> None:
+    """Each hot path once, on fresh ids."""
+    op = "op-" + uuid.uuid4().hex[:12]
+    begin = {"payload": {"n": 1}, "workflow": "bench"}
+    measure("begin (new id)", lambda: post(f"/operations/{op}/begin", begin))
+    measure(
+        "begin (replay, in progress)",
+        lambda: post(f"/operations/{op}/begin", begin),
+    )
+    measure(
+        "commit",
+        lambda: post(
+            f"/operations/{op}/commit",
+            {"attempt": 1, "workflow": "bench", "receipt": {"id": op}},
+        ),
+    )
+    measure(
+        "begin (replay, committed)",
+        lambda: post(f"/operations/{op}/begin", begin),
+    )
+    key = "evt-" + uuid.uuid4().hex[:12]
+    event = {"workflow": "bench", "event_key": key, "content": {"id": key, "v": 1}}
+    first: dict[str, Any] = {}
+    measure("activation (new)", lambda: first.update(post("/activations", event)))
+    measure("activation (duplicate)", lambda: post("/activations", event))
+    post(
+        "/effects",
+        {
+            "workflow": "bench",
+            "chain_id": first["chain_id"],
+            "target_key": key + "-row",
+            "content": {"id": key, "v": 2},
+        },
+    )
+    echo = {"workflow": "bench", "event_key": key + "-row", "content": {"id": key, "v": 2}}
+    measure("activation (echo)", lambda: post("/activations", echo))
+    task = post("/tasks", {"workflow": "bench"})["task"]["task_id"]
+    call: dict[str, Any] = {}
+    measure(
+        "tool call admission",
+        lambda: call.update(
+            post(
+                f"/tasks/{task}/tool-calls",
+                {"tool": "search", "kind": "read", "args": {"q": task}},
+            )
+        ),
+    )
+    measure(
+        "tool call result",
+        lambda: post(
+            f"/tasks/{task}/tool-calls/{call['call_id']}/result",
+            {"status": "ok", "result": {"n": 1}},
+        ),
+    )
+
+
+def main() -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="loopstop-rtt-"))
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            *("redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+            *("--appendonly", "no", "--dir", str(tmp)),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        client = redis.Redis(port=port, decode_responses=True)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        url = f"redis://127.0.0.1:{port}/0"
+        env = {"LOOPSTOP_SECRET": SECRET, "BENCH_TOKEN": TOKEN, "LOOPSTOP_STORE": url}
+        app = create_app({**CONFIG, "store": url}, environ=env)
+        http = app.test_client()
+
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            r = http.post("/v1" + path, json=body, headers=HEADERS)
+            assert r.status_code < 300, (path, r.status_code, r.get_data(as_text=True))
+            out: dict[str, Any] = r.get_json()
+            return out
+
+        def count(step: Callable[[], Any]) -> tuple[float, float]:
+            trips0 = metrics.STORE_ROUND_TRIPS._value.get()
+            calls0 = commands(client)
+            step()
+            return metrics.STORE_ROUND_TRIPS._value.get() - trips0, commands(client) - calls0
+
+        rows: dict[str, list[tuple[float, float]]] = {}
+
+        def measure(name: str, step: Callable[[], Any]) -> None:
+            rows.setdefault(name, []).append(count(step))
+
+        for _ in range(5):
+            one_round(post, measure)
+        print(f"{'hot path':<30} {'round trips':>11} {'commands':>9}")
+        for name, counts in rows.items():
+            trips = statistics.median(t for t, _ in counts)
+            cmds = statistics.median(c for _, c in counts)
+            print(f"{name:<30} {trips:>11.0f} {cmds:>9.0f}")
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
