@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, Clock
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, SECRET, TOKENS_CONFIG, TOKENS_ENV, Api, Clock
+from sidecar.app import create_app
 
 ACT = "/v1/activations"
 
@@ -415,3 +416,24 @@ def test_workflow_rate_breaker_counts_what_a_worker_ahead_already_counted(
     assert reasons == ["new_chain"] * 5 + ["workflow_rate"]
     clock.now -= 3  # the worker behind, still in window n
     assert activate(api, event_key="behind")["reason"] == "workflow_rate"
+
+
+def test_a_scoped_admin_stops_only_the_chains_of_its_workflows(
+    store_url: str, clock: Clock
+) -> None:
+    """An admin token scoped to wf-crm may stop wf-crm's chains, never wf-sheets'."""
+    ops = {"name": "ops-crm", "env": "T_OPS_CRM", "workflows": ["wf-crm"], "admin": True}
+    app = create_app(
+        {"store": store_url, "tokens": [*TOKENS_CONFIG, ops]},
+        environ={"LOOPSTOP_SECRET": SECRET, **TOKENS_ENV, "T_OPS_CRM": "tok-ops-crm-0123456789"},
+        clock=clock,
+    )
+    api = Api(app.test_client())
+    sheets = activate(api, event_key="s1", content={})
+    crm = activate(api, workflow="wf-crm", event_key="c1", content={})
+    ops_api = Api(api.client, "tok-ops-crm-0123456789")
+    status, out = ops_api.post(f"/v1/chains/{sheets['chain_id']}/stop", {"reason": "x"})
+    assert status == 403 and out["type"].endswith("forbidden")
+    assert api.get(f"/v1/chains/{sheets['chain_id']}")[1]["chain"]["stopped"] is None
+    status, out = ops_api.post(f"/v1/chains/{crm['chain_id']}/stop", {"reason": "x"})
+    assert status == 200 and out["chain"]["stopped"]["actor"] == "ops-crm"

@@ -52,6 +52,8 @@ def test_a_ui_chain_stop_cancels_in_n8n_and_the_chain_page_lists_it(
         "/ui/workflows", data={"csrf": csrf, "workflow": "wf-b", "reason": "x", "action": "stop"}
     )
     assert "n8n: nothing_to_stop" in unquote(r.headers["Location"]).replace("+", " ")
+    metrics = app.test_client().get("/metrics").get_data(as_text=True)
+    assert '{decision="stopped",reason="other",route="ui.workflows.stop"}' in metrics
 
 
 def test_runaway_and_long_running_tasks_are_marked(make_app: AppFactory, clock: Clock) -> None:

@@ -413,13 +413,16 @@ def stop_workflow() -> Response:
         raise Forbidden("name the workflow")
     stopped = request.form.get("action", "stop") != "resume"
     runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
-    verb = "stopped" if stopped else "resumed"
+    decision = StopDecision.STOPPED if stopped else StopDecision.RESUMED
+    done = str(decision)
     if stopped:
         retention = runtime().settings.operations.retention_s
-        verb += "; " + _cancelled("workflow", workflow, retention, None)
-    log_decision(f"ui.workflows.{'stop' if stopped else 'resume'}", verb, reason, workflow=workflow)
+        done += "; " + _cancelled("workflow", workflow, retention, None)
+    log_decision(
+        f"ui.workflows.{'stop' if stopped else 'resume'}", decision, reason, workflow=workflow
+    )
     return redirect(
-        url_for("ui.index", done=f"workflow {workflow} {verb}"),  # type: ignore[return-value]
+        url_for("ui.index", done=f"workflow {workflow} {done}"),  # type: ignore[return-value]
         code=303,
     )
 

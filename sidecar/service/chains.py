@@ -344,7 +344,7 @@ class ChainService:
     ) -> ChainInfo:
         """Stop (sticky) or resume a chain. Admin only.
 
-        :raises Forbidden: not an admin token.
+        :raises Forbidden: not an admin token, or a chain of a workflow outside its scope.
         :raises NotFound: no such chain.
         """
         principal.require_admin()
@@ -352,7 +352,7 @@ class ChainService:
         chain_key, stop_key = keys.chain(ns, chain_id), keys.chain_stop(ns, chain_id)
 
         def step(txn: Txn) -> ChainInfo:
-            chain = Chains.present(txn.read(self.records, chain_key), chain_id)
+            chain = self.records.authorize(principal, txn.read(self.records, chain_key), chain_id)
             current = txn.read(STOPS, stop_key)
             if not stopped:
                 if current is not None:
