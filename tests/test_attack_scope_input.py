@@ -1,0 +1,104 @@
+"""Defects found by attacking the API: names, scopes and cursor lineages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, AppFactory
+from test_ui import login
+
+NFC = "caf\u00e9"
+NFD = "cafe\u0301"
+
+
+def _activate(api: Api, workflow: str, key: str) -> dict[str, Any]:
+    status, out = api.post("/v1/activations", {"workflow": workflow, "event_key": key})
+    assert status == 200, out
+    return dict(out)
+
+
+def test_a_workflow_stop_named_in_nfd_stops_the_workflow_its_activations_name(
+    api: Api,
+) -> None:
+    """Bodies normalize workflow names to NFC ("Café" and "Cafe\u0301" are one
+    workflow); the stop's path must name the same workflow, or the stop covers
+    nothing while GET /v1/workflows/<name> reports it stopped."""
+    status, out = api.post(f"/v1/workflows/{NFD}/stop", {"reason": "loop"}, token=ADMIN_TOKEN)
+    assert status in (200, 422), out
+    if status == 422:
+        return  # refused outright: nothing recorded, nothing misleading
+    out = _activate(api, NFC, "after-stop-1")
+    assert out["decision"] == "stopped", out
+    out = _activate(api, NFD, "after-stop-2")
+    assert out["decision"] == "stopped", out
+
+
+def test_a_scoped_token_cannot_tie_a_task_to_another_workflows_chain(api: Api) -> None:
+    """A task's chain is a record of another workflow: a token scoped to
+    wf-sheets must not link its task to it (and so learn that chain's stop
+    state, or be stopped by a stop scoped to that other workflow)."""
+    chain_id = _activate(api, "wf-other", "other-1")["chain_id"]
+    status, out = api.post(
+        "/v1/tasks", {"workflow": "wf-sheets", "chain_id": chain_id}, token=SCOPED_TOKEN
+    )
+    assert status in (403, 404), out
+
+
+def test_a_scoped_begin_cannot_read_another_workflows_chain_stop(api: Api) -> None:
+    chain_id = _activate(api, "wf-other", "other-2")["chain_id"]
+    status, out = api.post(f"/v1/chains/{chain_id}/stop", {"reason": "x"}, token=ADMIN_TOKEN)
+    assert status == 200, out
+    status, out = api.post(
+        "/v1/operations/scoped-begin/begin",
+        {"workflow": "wf-sheets", "payload": 1, "chain_id": chain_id},
+        token=SCOPED_TOKEN,
+    )
+    # Either refused, or decided without the other workflow's chain stop.
+    assert status in (403, 404) or out.get("reason") != "chain_stopped", out
+
+
+def test_ui_workflow_form_refuses_names_the_api_refuses_and_never_truncates(
+    make_app: AppFactory,
+) -> None:
+    """Bad input changes nothing: the form's workflow must be checked like the
+    API's, not cut to 200 characters (which stops another workflow)."""
+    app = make_app()
+    client = app.test_client()
+    csrf = login(client, ADMIN_TOKEN)
+    api = Api(app.test_client(), token=ADMIN_TOKEN)
+    long_name = "w" * 250
+    for bad in ["wf\x00x", long_name]:
+        r = client.post("/ui/workflows", data={"csrf": csrf, "workflow": bad, "reason": "x"})
+        assert 400 <= r.status_code < 500, (bad[:20], r.status_code)
+    status, out = api.get(f"/v1/workflows/{'w' * 200}")
+    assert status == 200 and out["stopped"] is None, out
+
+
+CURSOR_CHECKS = {
+    "pages": {"kind": "cursor", "cursor": "next", "records": "items[*].id", "workflows": ["*"]},
+    "has_ok": {
+        "kind": "json_schema",
+        "schema": {"type": "object", "required": ["ok"]},
+        "workflows": ["*"],
+    },
+    "pages_and_ok": {"kind": "all", "of": ["pages", "has_ok"], "workflows": ["*"]},
+}
+
+
+def test_a_page_refused_by_a_combined_check_does_not_make_it_look_old(
+    make_app: AppFactory,
+) -> None:
+    """An ``all`` check whose other part failed refused the page; the cursor
+    part must not remember it, or the same honest page, sent again valid,
+    fails ``cycle``."""
+    api = Api(make_app(checks=CURSOR_CHECKS).test_client())
+    status, task = api.post("/v1/tasks", {"workflow": "wf-a"})
+    assert status == 201, task
+    task_id = task["task"]["task_id"]
+    page = {"next": "c1", "items": [{"id": 1}, {"id": 2}]}
+    status, first = api.post("/v1/checks/pages_and_ok", {"input": page, "task_id": task_id})
+    assert status == 200 and first["passed"] is False, first
+    status, again = api.post(
+        "/v1/checks/pages_and_ok", {"input": {**page, "ok": True}, "task_id": task_id}
+    )
+    assert status == 200 and again["passed"] is True, again
