@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, AppFactory
 from test_ui import login
+
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, AppFactory
 
 NFC = "caf\u00e9"
 NFD = "cafe\u0301"

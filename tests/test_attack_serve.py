@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from test_serve import Sidecar, tokens_yaml, write_config
 
 from conftest import N8N_TOKEN
-from test_serve import Sidecar, tokens_yaml, write_config
 
 pytestmark = pytest.mark.slow
 
