@@ -359,7 +359,15 @@ def _metrics_folder() -> None:
     else:
         path = Path(tempfile.mkdtemp(prefix="loopstop-metrics-"))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
-        atexit.register(shutil.rmtree, path, True)
+        master = os.getpid()
+
+        def remove() -> None:
+            # Forked workers inherit this handler: only the master's exit removes the
+            # folder (a worker restarted by gunicorn must leave it to the others).
+            if os.getpid() == master:
+                shutil.rmtree(path, True)
+
+        atexit.register(remove)
 
 
 def _child_exit(server: Any, worker: Any) -> None:

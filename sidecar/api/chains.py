@@ -23,7 +23,7 @@ from sidecar.api.chain_models import (
     WorkflowResponse,
 )
 from sidecar.api.decisions import log_decision
-from sidecar.api.models import ModeQuery
+from sidecar.api.models import ModeQuery, nfc_name
 from sidecar.api.openapi import route
 from sidecar.core.chains import EffectDecision
 from sidecar.core.executions import of_mode
@@ -221,6 +221,16 @@ def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bo
     return _chain_answer(info, ns, cancellation)
 
 
+def _path_workflow(workflow: str) -> str:
+    """The workflow named in a path, checked and in NFC, as a body's ``workflow`` is
+    (``cafe%CC%81`` and ``caf%C3%A9`` are one workflow).
+
+    :raises ValidationError: (422) not a workflow name.
+    """
+    check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
+    return nfc_name(workflow)
+
+
 def _workflow_answer(
     workflow: str, stop: Stop | None, ns: str, cancellation: Cancellation | None = None
 ) -> Response:
@@ -247,7 +257,7 @@ def _workflow_answer(
     summary="Whether a workflow is stopped.",
 )
 def get_workflow(workflow: str) -> Response:
-    check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
+    workflow = _path_workflow(workflow)
     q = parse_query(ModeQuery)
     ns = keys.namespace(q.execution_mode)
     stop = runtime().chains.workflow_stop(g.principal, ns, workflow)
@@ -266,7 +276,7 @@ def get_workflow(workflow: str) -> Response:
     "its running and waiting n8n executions are stopped and confirmed.",
 )
 def stop_workflow(workflow: str) -> Response:
-    check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
+    workflow = _path_workflow(workflow)
     body = parse_body(StopBody)
     rt = runtime()
     ns = keys.namespace(body.execution_mode)
@@ -297,7 +307,7 @@ def stop_workflow(workflow: str) -> Response:
     summary="Lift a workflow's stop (admin).",
 )
 def resume_workflow(workflow: str) -> Response:
-    check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
+    workflow = _path_workflow(workflow)
     body = parse_body(ResumeBody)
     ns = keys.namespace(body.execution_mode)
     stop = runtime().chains.stop_workflow(

@@ -36,13 +36,20 @@ from flask import (
 )
 
 from sidecar.api.decisions import log_decision
+from sidecar.api.models import nfc_name
 from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
 from sidecar.core.chains import Chain
 from sidecar.core.executions import of_mode
 from sidecar.core.operations import OperationState, ReconcileOutcome
 from sidecar.core.stops import Stop, StopDecision
 from sidecar.core.tasks import Task
-from sidecar.errors import Forbidden, LoopstopError, MalformedRequest, Unauthenticated
+from sidecar.errors import (
+    Forbidden,
+    LoopstopError,
+    MalformedRequest,
+    Unauthenticated,
+    ValidationFailed,
+)
 from sidecar.runtime import Runtime, runtime
 from sidecar.service import keys
 from sidecar.service.sessions import SessionRevocations
@@ -407,10 +414,11 @@ def stop_chain(chain_id: str) -> Response:
 @bp.post("/workflows")
 def stop_workflow() -> Response:
     principal = _require_form()
-    workflow = request.form.get("workflow", "").strip()[:200]
     reason = request.form.get("reason", "").strip()[:500] or "stopped from /ui"
-    if not workflow:
-        raise Forbidden("name the workflow")
+    try:  # checked and in NFC as the API's workflow, never cut to fit
+        workflow = nfc_name(request.form.get("workflow", "").strip())
+    except ValueError as exc:
+        raise ValidationFailed([{"loc": ["form", "workflow"], "msg": str(exc)}]) from exc
     stopped = request.form.get("action", "stop") != "resume"
     runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
     decision = StopDecision.STOPPED if stopped else StopDecision.RESUMED

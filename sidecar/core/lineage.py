@@ -156,10 +156,11 @@ class Lineage:
         }
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any] | None) -> Lineage:
-        """A stored lineage; None is a new one. An older layout (lists of
-        ids) keeps its count and starts with empty tables (its pages look new)."""
-        if not doc:
+    def from_doc(cls, doc: Any) -> Lineage:
+        """A stored lineage; None is a new one, and so is anything that is not a
+        JSON object (damage errs toward "new"). An older layout (lists of ids)
+        keeps its count and starts with empty tables (its pages look new)."""
+        if not doc or not isinstance(doc, Mapping):
             return cls()
         if doc.get("v") != 2:
             ids = doc.get("ids")

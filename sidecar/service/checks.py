@@ -57,6 +57,33 @@ class CheckService:
     def names(self) -> list[tuple[str, str]]:
         return sorted((name, cfg.kind) for name, cfg in self.configured.configs.items())
 
+    def run_in(
+        self,
+        txn: Txn,
+        principal: Principal,
+        ns: str,
+        task_id: str | None,
+        name: str,
+        data: Any,
+        fetched: Any,
+        scope: str = "",
+    ) -> CheckResult:
+        """Run check ``name`` inside ``txn``. A cursor lineage remembers the page
+        only when the whole check passed: a page another part of an ``all`` refused
+        was not accepted, and must not look old when it comes again corrected.
+
+        :param scope: separates cursor lineages of one task (a tool's name:
+            two tools sharing a cursor check page through different lists).
+        """
+        pages: list[tuple[str, Lineage]] = []
+        result = self.configured.run(
+            name, data, fetched, self.store_part(txn, principal, ns, task_id, scope, pages)
+        )
+        if result.passed:
+            for key, lineage in pages:
+                txn.refresh(self.lineages, ns, key, lineage)
+        return result
+
     def store_part(
         self,
         txn: Txn,
@@ -64,11 +91,14 @@ class CheckService:
         ns: str,
         task_id: str | None,
         scope: str = "",
+        pages: list[tuple[str, Lineage]] | None = None,
     ) -> StorePart:
         """The store-reading parts of checks, bound to one transaction.
 
         :param scope: separates cursor lineages of one task (a tool's name:
             two tools sharing a cursor check page through different lists).
+        :param pages: where a cursor part puts the lineage it would write (the
+            caller writes them); None: written at once.
         """
 
         def part(name: str, data: Any) -> CheckResult:
@@ -98,7 +128,10 @@ class CheckService:
             )
             id_fps = [self.fp.key_hash("record", canonical_json(i).decode()) for i in ids]
             new, result = cursor_step(lineage, cursor_fp, id_fps)
-            txn.refresh(self.lineages, ns, key, new)
+            if pages is None:
+                txn.refresh(self.lineages, ns, key, new)
+            else:
+                pages.append((key, new))
             return result
 
         return part
@@ -175,8 +208,7 @@ class CheckService:
                 if task is None:
                     raise NotFound(f"no task {task_id!r}")
                 principal.require(task.workflow, of_record=True)
-            part = self.store_part(txn, principal, ns, task_id)
-            return self.configured.run(name, data, fetched, part)
+            return self.run_in(txn, principal, ns, task_id, name, data, fetched)
 
         return records.run(self.store, [task_key] if task_key else [], step, now)
 

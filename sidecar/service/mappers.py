@@ -240,6 +240,10 @@ class Chains(Scoped[str, Chain]):
         return chain
 
 
+#: Chains as read (a TTL only matters to a write, which goes through ChainService's).
+_ANY_CHAIN = Chains(0.0)
+
+
 class Plain(Mapper[R], Generic[R]):
     """A record stored as its dataclass fields, with a TTL the record gives."""
 
@@ -299,6 +303,19 @@ def subject_rate(ttl_s: float) -> Plain[RateLog]:
 def lineages(retention_s: float) -> Plain[Lineage]:
     """What a task has paged through under a cursor check, kept for ``retention_s``."""
     return Plain(Lineage.from_doc, Lineage.to_doc, lambda _lin, _now: retention_s)
+
+
+def require_chain_in_scope(txn: Txn, principal: Principal, ns: str, chain_id: str) -> None:
+    """A request that ties itself to a chain (a task, a begin) may name only a chain
+    of a workflow the token covers: else it would learn that chain's stop, and a
+    stop scoped to the other workflow would stop it. A chain no longer stored
+    (expired) ties nothing and is let through.
+
+    :raises Forbidden: the chain belongs to a workflow outside the token's scope.
+    """
+    chain = txn.read(_ANY_CHAIN, keys.chain(ns, chain_id))
+    if chain is not None:
+        principal.require(chain.workflow, of_record=True)
 
 
 def covering_stop(

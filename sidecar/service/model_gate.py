@@ -35,6 +35,7 @@ import json
 import re
 import secrets
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -173,7 +174,8 @@ class TaskLines:
 
 
 def task_lines(texts: Iterable[str]) -> TaskLines:
-    """Read the ``loopstop-*`` lines (the first of each kind wins).
+    """Read the ``loopstop-*`` lines (the first of each kind wins), values in
+    Unicode NFC (UAX #15) as the API's names are.
 
     :raises MalformedRequest: a line's value is empty, too long or holds
         control characters.
@@ -199,7 +201,8 @@ def task_lines(texts: Iterable[str]) -> TaskLines:
                         "characters",
                         errors=[{"loc": ["body", "system", line], "msg": "invalid value"}],
                     )
-                found[name] = value
+                # Names in NFC, as POST /v1/tasks reads them ("Cafe\u0301" is "Caf\u00e9").
+                found[name] = unicodedata.normalize("NFC", value)
     return TaskLines(**found)
 
 

@@ -41,7 +41,7 @@ from sidecar.core.operations import (
     ReconcileOutcome,
 )
 from sidecar.errors import Forbidden, ValidationFailed
-from sidecar.service import keys, records
+from sidecar.service import keys, mappers, records
 from sidecar.service.mappers import Operations, covering_stop
 from sidecar.service.records import Txn
 from sidecar.store import Store
@@ -192,11 +192,13 @@ class OperationService:
         if body.workflow is not None:
             declared.append(keys.workflow_stop(body.workflow))
         if body.chain_id is not None:
-            declared.append(keys.chain_stop(ns, body.chain_id))
+            declared += [keys.chain_stop(ns, body.chain_id), keys.chain(ns, body.chain_id)]
         open_count = self._open_count(ns, body.workflow)
 
         def step(txn: Txn, finding: CheckFinding | None = None) -> BeginOutcome:
             key, op = self.find(txn, ns, operation_id, space)
+            if op is None and body.chain_id is not None:
+                mappers.require_chain_in_scope(txn, principal, ns, body.chain_id)
             workflow = op.workflow if op and op.workflow else body.workflow
             chain_id = op.chain_id if op and op.chain_id else body.chain_id
             stopped = core.stopped_by(covering_stop(txn, ns, workflow, chain_id))

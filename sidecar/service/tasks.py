@@ -26,7 +26,7 @@ from sidecar.core.tasks import (
     ToolResult,
 )
 from sidecar.errors import NotFound, ValidationFailed
-from sidecar.service import keys, records
+from sidecar.service import keys, mappers, records
 from sidecar.service.checks import CheckService, check_input, verdict
 from sidecar.service.mappers import Tasks, covering_stop
 from sidecar.service.operations import OperationService
@@ -209,6 +209,8 @@ class TaskService:
         )
         declared = [keys.task(ns, task_id)] + ([key_key] if key_key else [])
         declared += self.watch.keys(ns, task_id, body.workflow)
+        if body.chain_id is not None:
+            declared.append(keys.chain(ns, body.chain_id))
 
         acting = self.records.acting(execution_id)
 
@@ -221,6 +223,8 @@ class TaskService:
                         again = core.reactivate(existing, txn.now)
                         txn.save(acting, ns, keys.task(ns, again.task_id), again, existing)
                         return again, False
+            if body.chain_id is not None:
+                mappers.require_chain_in_scope(txn, principal, ns, body.chain_id)
             task = core.new_task(
                 task_id,
                 body.task_key,
@@ -463,8 +467,9 @@ class TaskService:
             checked: CheckResult | None = None
             given = res
             if check_name is not None and call is not None:
-                part = self.checks.store_part(txn, principal, ns, task_id, scope=call.tool)
-                checked = self.checks.configured.run(check_name, data, fetched, part)
+                checked = self.checks.run_in(
+                    txn, principal, ns, task_id, check_name, data, fetched, scope=call.tool
+                )
                 given = replace(res, check=verdict(checked))
             new, new_op, out = core.record_result(task, call_id, given, op, txn.now)
             if op_key is not None:
@@ -524,8 +529,7 @@ class TaskService:
         ) -> tuple[Task | None, tuple[Task, CompleteOutcome, CheckResult | None]]:
             checked = None
             if name is not None:
-                part = self.checks.store_part(txn, principal, ns, task_id)
-                checked = self.checks.configured.run(name, data, fetched, part)
+                checked = self.checks.run_in(txn, principal, ns, task_id, name, data, fetched)
             passed = None if checked is None else checked.passed
             ev = evidence
             if checked is not None and checked.revision is not None:

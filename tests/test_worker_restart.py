@@ -39,7 +39,9 @@ def test_a_worker_exiting_gracefully_keeps_the_metrics_folder_and_requests_answe
     every worker writes to, or every later request is a 500."""
     assert served2.proc is not None
     headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
-    before = _workers(served2.proc.pid)
+    deadline = time.monotonic() + 30
+    while len(before := _workers(served2.proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # ready once one worker answers; the other may still be forking
     assert len(before) == 2
     os.kill(before[0], signal.SIGTERM)
     deadline = time.monotonic() + 30

@@ -1,4 +1,8 @@
-"""Defects found by attacking the API: names, scopes and cursor lineages."""
+"""Names, scopes and cursor lineages across routes.
+
+One workflow whatever its Unicode form, no request tied to another workflow's
+chain, and a page a check refused is not remembered.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +33,9 @@ def test_a_workflow_stop_named_in_nfd_stops_the_workflow_its_activations_name(
     if status == 422:
         return  # refused outright: nothing recorded, nothing misleading
     out = _activate(api, NFC, "after-stop-1")
-    assert out["decision"] == "stopped", out
+    assert (out["decision"], out["reason"]) == ("drop", "stopped"), out
     out = _activate(api, NFD, "after-stop-2")
-    assert out["decision"] == "stopped", out
+    assert (out["decision"], out["reason"]) == ("drop", "stopped"), out
 
 
 def test_a_scoped_token_cannot_tie_a_task_to_another_workflows_chain(api: Api) -> None:
