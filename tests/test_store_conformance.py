@@ -600,3 +600,38 @@ def test_recent_likely_on_redis_saves_the_read_and_checks_the_guess(
     assert mine.get("a") == {"v": 4}
     mine.close()
     other.close()
+
+
+def _put_raw(store: Store, store_url: str, key: str, text: str) -> None:
+    """Write ``text`` under ``key`` behind the store's back (damage, another writer)."""
+    if isinstance(store, RedisStore):
+        store.client.set(store._k(key), text)
+    elif store_url.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as db:
+            db.execute("INSERT INTO kv (key, doc, expires_at) VALUES (?, ?, NULL)", (key, text))
+    else:
+        import psycopg
+
+        with psycopg.connect(store_url) as db:
+            db.execute(
+                "INSERT INTO loopstop_kv (key, doc, expires_at) VALUES (%s, %s, NULL)",
+                (key, text),
+            )
+
+
+def test_a_stored_document_that_is_not_json_fails_closed(store: Store, store_url: str) -> None:
+    """A damaged record is a store failure (503, nothing decided), never a crash."""
+    _put_raw(store, store_url, "t:damaged", "{not json")
+    with pytest.raises(StoreUnavailable, match="not JSON"):
+        store.get_many(["t:damaged"])
+    calls: list[Snapshot] = []
+
+    def fn(snap: Snapshot) -> Plan[None]:
+        calls.append(snap)
+        return Plan(None, writes={"t:damaged": Write({"a": 1})})
+
+    with pytest.raises(StoreUnavailable, match="not JSON"):
+        store.transact(["t:damaged"], fn)
+    assert calls == []  # nothing was decided on it

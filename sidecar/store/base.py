@@ -83,6 +83,19 @@ def encode_doc(doc: Any) -> str:
         return json.dumps(doc, separators=(",", ":"))
 
 
+def decode_doc(key: str, text: str | bytes) -> Any:
+    """A stored document read back (:func:`json.loads`).
+
+    :raises StoreUnavailable: the stored text is not JSON (damaged, or written
+        by something else): a store that returns what it was not given fails
+        closed, as one that does not answer.
+    """
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StoreUnavailable(f"the document stored at {key!r} is not JSON") from exc
+
+
 @dataclass(frozen=True)
 class Write:
     """A document to put (``doc``) or delete (``doc=None``).

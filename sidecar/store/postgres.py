@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import random
@@ -77,6 +76,7 @@ from sidecar.store.base import (
     Store,
     T,
     TxnFn,
+    decode_doc,
     encode_doc,
 )
 from sidecar.store.redis import _redact
@@ -471,7 +471,7 @@ class PostgresStore(Store):
         raw.update(dict.fromkeys(keys))
         for key, doc in cur.fetchall():
             raw[key] = doc
-            docs[key] = json.loads(doc)
+            docs[key] = decode_doc(key, doc)
 
     @staticmethod
     def _apply(conn: _DeadlineConnection, plan: Plan[Any], now: float) -> None:

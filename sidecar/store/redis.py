@@ -78,7 +78,7 @@ from redis.sentinel import Sentinel
 
 from sidecar import metrics
 from sidecar.errors import StoreUnavailable
-from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
+from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, decode_doc, encode_doc
 
 log = logging.getLogger("loopstop.store")
 
@@ -412,7 +412,7 @@ class RedisStore(Store):
         values = self.client.mget([self._k(k) for k in [*unique, META_ID]])
         self._verify_identity(cast(str | None, values[-1]))
         pairs = zip(unique, values[:-1], strict=True)
-        return {k: None if v is None else json.loads(v) for k, v in pairs}
+        return {k: None if v is None else decode_doc(k, v) for k, v in pairs}
 
     def index_page(
         self,
@@ -587,7 +587,7 @@ class _Reads:
         for k, v in zip(keys, values, strict=True):
             self.raw[k] = v
             if k != META_ID:
-                self.docs[k] = None if v is None else json.loads(v)
+                self.docs[k] = None if v is None else decode_doc(k, v)
 
     def load(self, keys: list[str]) -> None:
         fresh = [k for k in keys if k not in self.raw]

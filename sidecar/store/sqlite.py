@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, encode_doc
+from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, decode_doc, encode_doc
 
 log = logging.getLogger("loopstop.store")
 
@@ -278,7 +278,7 @@ class SQLiteStore(Store):
                 [*chunk, now],
             )
             for key, doc in rows:
-                out[key] = json.loads(doc)
+                out[key] = decode_doc(key, doc)
         return out
 
     @staticmethod
