@@ -499,9 +499,11 @@ def test_redis_reads_afresh_after_backing_off(
 
 def test_redis_hot_key_never_gives_up(redis_server: RedisServer) -> None:
     """Thirty-two threads bump one document as fast as they can: every bump lands
-    (none gives up after its retries), and none is lost."""
+    (none gives up after its retries), and none is lost. The decision deadline is
+    raised from 2 s to 10 s: on a loaded 2-core machine 32 threads queue on the
+    interpreter lock longer than that, which is the deadline's job, not this test's."""
     redis_server.client().flushdb()
-    store = RedisStore(redis_server.url)
+    store = RedisStore(redis_server.url, timeout_s=10.0)
     put(store, "hot", {"n": 0})
 
     def bump(snap: Snapshot) -> Plan[None]:
