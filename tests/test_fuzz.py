@@ -53,7 +53,7 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path, store_url: str) -> N
                 "--max-examples",
                 examples,
                 "-w",
-                "2",
+                "1",  # hypothesis' lambda-source parser races under two workers on 3.11
                 "--seed",
                 "20261130",
                 "-c",
