@@ -18,7 +18,13 @@ import pytest
 from sidecar.canonical import canonical_json
 from sidecar.config import Limits, LimitsOverride
 from sidecar.core import tasks as core
-from sidecar.core.operations import BeginRequest, Operation, OperationPolicy, OperationState
+from sidecar.core.operations import (
+    OPEN_STATES,
+    BeginRequest,
+    Operation,
+    OperationPolicy,
+    OperationState,
+)
 from sidecar.core.tasks import (
     LIMITS,
     CallKind,
@@ -35,7 +41,7 @@ from sidecar.core.tasks import (
     ToolDecision,
     ToolResult,
 )
-from sidecar.errors import NotFound, StateConflict
+from sidecar.errors import NotFound, StateConflict, TooManyOpen
 
 NOW = 1_800_000_000.0
 POLICY = OperationPolicy(max_attempts=3, retention_s=3600)
@@ -55,6 +61,7 @@ class Agent:
     initial_revision: int = 0
     now: float = NOW
     ops: dict[str, Operation] = field(default_factory=dict)
+    policy: OperationPolicy = POLICY
     calls: int = 0
     executions: int = 0
     last: Any = None
@@ -79,8 +86,9 @@ class Agent:
         call = ToolCall(
             call_id or f"k{self.calls:016x}", tool, CallKind(kind), fp(args), begin, given
         )
+        record, opens = self.ops.get(op or ""), self.open_ops()
         self.task, new_op, out = core.admit_tool_call(
-            self.task, call, self.ops.get(op or ""), POLICY, self.now
+            self.task, call, record, self.policy, self.now, open_count=opens
         )
         if new_op is not None:
             self.ops[new_op.operation_id] = new_op
@@ -88,6 +96,10 @@ class Agent:
             self.executions += 1
         self.last = out
         return out
+
+    def open_ops(self) -> int:
+        """The workflow's open operations (in progress or unknown) as the ledger holds them."""
+        return sum(o.state in OPEN_STATES for o in self.ops.values())
 
     def result(
         self, status: str = "ok", result: Any = None, receipt: Any = None,
@@ -543,6 +555,25 @@ def test_another_workers_write_is_denied_without_ending() -> None:
     out = second.call("save", {"v": 1}, "write", "w1")
     assert (out.decision, out.reason) == (ToolDecision.DENY, core.DenyReason.IN_PROGRESS)
     assert second.task.envelope is None and second.executions == 0
+
+
+def test_a_write_past_the_open_bound_is_refused_and_nothing_is_recorded() -> None:
+    """operations.max_open_per_workflow bounds a task's writes as it bounds begins."""
+    agent = Agent(policy=OperationPolicy(max_open_per_workflow=2))
+    agent.call("save", {"v": 1}, "write", "w1")
+    agent.call("save", {"v": 2}, "write", "w2")
+    before = agent.task
+    with pytest.raises(TooManyOpen, match="max_open_per_workflow is 2"):
+        agent.call("save", {"v": 3}, "write", "w3")
+    assert agent.task == before and "w3" not in agent.ops  # refused: nothing recorded
+    # Calls that open nothing still pass: a read, and the open write itself.
+    assert agent.call("look", {"q": 1}).decision is ToolDecision.EXECUTE
+    out = agent.call("save", {"v": 1}, "write", "w1")
+    assert (out.decision, out.reason) == (ToolDecision.DENY, core.DenyReason.IN_PROGRESS)
+    # Once one settles, there is room again.
+    agent.result(receipt={"id": 2}, result={"ok": True}, call_id=f"k{2:016x}")  # w2's call
+    assert agent.ops["w2"].state is OperationState.COMMITTED
+    assert agent.call("save", {"v": 3}, "write", "w3").decision is ToolDecision.EXECUTE
 
 
 def test_a_not_committed_write_may_run_again_and_is_still_counted() -> None:

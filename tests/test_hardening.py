@@ -359,6 +359,40 @@ def test_open_operations_per_workflow_are_bounded(make_app: AppFactory, clock: C
     assert begin(api, "o3", workflow="wf-flood")["decision"] == "execute"
 
 
+def test_a_tasks_writes_count_toward_the_configured_open_bound(make_app: AppFactory) -> None:
+    """A write admitted through the task guard is a begin too: the configured
+    operations.max_open_per_workflow (not the default) bounds it, and begins
+    and task writes share one count per workflow."""
+    api = Api(make_app(operations={"max_open_per_workflow": 3}).test_client())
+    assert begin(api, "b1", workflow="wf-flood")["decision"] == "execute"
+    task = api.post("/v1/tasks", {"workflow": "wf-flood"})[1]["task"]["task_id"]
+    base = f"/v1/tasks/{task}"
+
+    def write(op_id: str) -> tuple[int, Any]:
+        return api.post(
+            base + "/tool-calls",
+            {"tool": "send", "kind": "write", "args": {"id": op_id}, "operation_id": op_id},
+        )
+
+    for op_id in ("mail:1", "mail:2"):
+        status, call = write(op_id)
+        assert (status, call["decision"]) == (200, "execute"), call
+    status, body = write("mail:3")
+    problem(429, body, "too-many-open-operations")
+    assert "max_open_per_workflow is 3" in body["detail"]
+    assert api.get(f"{OP}/mail:3", workflow="wf-flood")[0] == 404  # nothing reserved
+    assert api.get(base)[1]["task"]["used"]["tool_calls"] == 2  # nor counted
+    status, body = api.post(f"{OP}/b2/begin", {"payload": 1, "workflow": "wf-flood"})
+    problem(429, body, "too-many-open-operations")
+    # A write that opens nothing new still gets its answer: the one in progress.
+    status, again = write("mail:1")
+    assert (status, again["decision"], again["reason"]) == (200, "deny", "in_progress")
+    # Settled, there is room again.
+    api.post(f"{OP}/b1/commit", {"attempt": 1, "receipt": "r", "workflow": "wf-flood"})
+    status, call = write("mail:3")
+    assert (status, call["decision"]) == (200, "execute"), call
+
+
 def test_reconcile_input_or_receipt_over_16_kib_is_413(
     make_app: AppFactory, sor: SystemOfRecord
 ) -> None:

@@ -130,7 +130,7 @@ class OperationService:
         principal.require(workflow)
         return workflow
 
-    def _open_count(self, ns: str, workflow: str | None) -> int:
+    def open_count(self, ns: str, workflow: str | None) -> int:
         """Open operations of ``workflow`` (the shared namespace: all of them).
 
         Read fresh when near the bound; far below it, a count read less than
@@ -151,7 +151,8 @@ class OperationService:
             self._counts[index] = (count, now)
         return count
 
-    def _opened(self, ns: str, workflow: str | None) -> None:
+    def opened(self, ns: str, workflow: str | None) -> None:
+        """Count one operation this worker opened in the cached count of ``workflow``."""
         index = keys.open_operations(ns, workflow)
         with self._counts_lock:
             cached = self._counts.get(index)
@@ -193,7 +194,7 @@ class OperationService:
             declared.append(keys.workflow_stop(body.workflow))
         if body.chain_id is not None:
             declared += [keys.chain_stop(ns, body.chain_id), keys.chain(ns, body.chain_id)]
-        open_count = self._open_count(ns, body.workflow)
+        open_count = self.open_count(ns, body.workflow)
 
         def step(txn: Txn, finding: CheckFinding | None = None) -> BeginOutcome:
             key, op = self.find(txn, ns, operation_id, space)
@@ -217,7 +218,7 @@ class OperationService:
         # let its compare-and-set check it (one round trip on Redis).
         outcome = records.run(self.store, declared, step, now, absent_likely=True)
         if outcome.decision is BeginDecision.EXECUTE:
-            self._opened(ns, body.workflow)
+            self.opened(ns, body.workflow)
         recorded = outcome.operation if outcome.reason is not BeginReason.NEW else None
         spec, ignored = core.reconcile_check_of(recorded, body.reconcile)
         if ignored:

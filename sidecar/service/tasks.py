@@ -22,6 +22,7 @@ from sidecar.core.tasks import (
     Task,
     TaskLimits,
     ToolCall,
+    ToolDecision,
     ToolOutcome,
     ToolResult,
 )
@@ -81,9 +82,9 @@ class TaskService:
         self.settings = settings
         self.operations = operations
         self.checks = checks
-        self.op_policy = OperationPolicy(
-            settings.operations.max_attempts, settings.operations.retention_s
-        )
+        # The ledger's whole policy: a task's write is bounded by
+        # max_open_per_workflow like any begin (DESIGN §1).
+        self.op_policy: OperationPolicy = settings.operations.to_core()
         self.clock = clock
         # A task's workflow and chain never change: remembering them lets a decision
         # name the stop keys up front (one read round trip instead of two).
@@ -138,6 +139,14 @@ class TaskService:
         """The watch and totals keys of a task seen before by this process (else read lazily)."""
         scope = self._scopes.get(f"{ns}:{task_id}")
         return [] if scope is None else self.watch.keys(ns, task_id, scope[0])
+
+    def _workflow_of(self, ns: str, task_id: str) -> str | None:
+        """The task's workflow (it never changes): as this process saw it, else read."""
+        scope = self._scopes.get(f"{ns}:{task_id}")
+        if scope is not None:
+            return scope[0]
+        found = self.records.decode(self.store.get(keys.task(ns, task_id)))
+        return None if found is None else found.workflow
 
     def _remember(self, ns: str, task: Task) -> None:
         if len(self._scopes) > 10_000:
@@ -397,6 +406,11 @@ class TaskService:
             )
         args_prints = self.fp.fingerprints(body.args)
         call_id = body.call_id or "k" + secrets.token_hex(8)
+        writes = body.kind is CallKind.WRITE and bool(body.operation_id)
+        # A write is bounded by the open operations of the task's workflow, as a
+        # begin is (counted before the transaction, like the ledger's).
+        workflow = self._workflow_of(ns, task_id) if writes else None
+        open_count = self.operations.open_count(ns, workflow) if writes else 0
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ToolOutcome]]:
             self._remember(ns, task)
@@ -426,7 +440,7 @@ class TaskService:
             exceeded = self.watch.exceeded(txn, ns, task)
             stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)
             new, new_op, out = core.admit_tool_call(
-                task, call, op, self.op_policy, txn.now, stopped
+                task, call, op, self.op_policy, txn.now, stopped, open_count=open_count
             )
             self._save(txn, ns, task, new, execution_id, exceeded)
             if op_key is not None:
@@ -434,7 +448,7 @@ class TaskService:
             return None, (new, out)
 
         # Likely the task as this process last wrote it: decided on that, checked.
-        return self._update(
+        task, out = self._update(
             principal,
             ns,
             task_id,
@@ -442,6 +456,9 @@ class TaskService:
             [*self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)],
             recent_likely=True,
         )
+        if writes and out.decision is ToolDecision.EXECUTE:
+            self.operations.opened(ns, task.workflow)
+        return task, out
 
     def tool_result(
         self, principal: Principal, ns: str, task_id: str, call_id: str, res: ToolResult

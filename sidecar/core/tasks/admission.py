@@ -35,7 +35,10 @@ A tool call, first match wins:
     task -> ``same_call`` (polls exempt);
 11. the call completes ``max_cycle_repeats`` repeats in a row of a block of
     2 or more calls at the current revision -> ``cycle`` (polls exempt);
-12. else ``execute``: the call is recorded and counted.
+12. else ``execute``: the call is recorded and counted; but a write that
+    would open one more operation of its workflow once it holds
+    ``operations.max_open_per_workflow`` open ones is refused
+    (:class:`~sidecar.errors.TooManyOpen`, 429) and nothing is recorded.
 
 Times are epoch seconds; every function takes ``now``; no I/O.
 """
@@ -47,7 +50,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
-from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write
+from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write, require_open_room
 from sidecar.core.tasks.lifecycle import end
 from sidecar.core.tasks.limits import to_micros
 from sidecar.core.tasks.outcomes import (
@@ -403,12 +406,20 @@ def admit_tool_call(
     op_policy: OperationPolicy,
     now: float,
     stopped: EndReason | None = None,
+    *,
+    open_count: int,
 ) -> tuple[Task, Operation | None, ToolOutcome]:
     """Decide a tool call before anything executes (rules above).
 
+    A write that passes every rule and would open one more operation of its
+    workflow is refused past ``op_policy.max_open_per_workflow``, as a
+    ``begin`` is: nothing is recorded, the task goes on.
+
     :param op: the ledger record of ``call.operation`` (writes only).
+    :param open_count: the open operations of the task's workflow (writes only).
     :returns: the task and operation to store (None: unchanged), and the outcome.
     :raises StateConflict: a caller-given ``call_id`` already names another call.
+    :raises TooManyOpen: the write would open one operation past the bound.
     """
     write = None
     if call.kind is CallKind.WRITE and call.operation is not None and task.envelope is None:
@@ -418,4 +429,6 @@ def admit_tool_call(
         answer = rule(ask)
         if answer is not None:
             return answer
+    if write is not None and call.operation is not None:
+        require_open_room(op, call.operation, op_policy, open_count)
     return _admit(ask)

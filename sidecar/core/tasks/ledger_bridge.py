@@ -45,6 +45,20 @@ class WriteAdmission:
     store_anyway: bool = False
 
 
+def require_open_room(
+    op: Operation | None, req: BeginRequest, policy: OperationPolicy, open_count: int
+) -> None:
+    """A write about to execute that opens one more operation of its workflow
+    (a new id, or a retry after ``not_committed``) is refused once the workflow
+    holds ``max_open_per_workflow`` open operations, as a ``begin`` is
+    (:func:`sidecar.core.operations.check_open_room`).
+
+    :param open_count: the workflow's open operations (in progress or unknown).
+    :raises TooManyOpen: the bound is reached.
+    """
+    ledger.check_open_room(op, req.workflow, open_count, policy)
+
+
 def admit_write(
     op: Operation | None, req: BeginRequest, policy: OperationPolicy, now: float
 ) -> WriteAdmission:
