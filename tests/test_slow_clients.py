@@ -2,9 +2,10 @@
 
 ``loopstop serve`` runs gunicorn's gthread worker with a bounded thread pool
 and a deadline on reading each request (:mod:`sidecar.serving`). Eight
-clients that each send one header line a second, reconnecting whenever they
-are cut off, stay connected for the whole run; meanwhile ordinary requests
-(n8n's: a begin, a health probe) must still be answered.
+clients that each send one header line a second (or one byte of a body a
+second), reconnecting whenever they are cut off, stay connected for the
+whole run; meanwhile ordinary requests (n8n's: a begin, a health probe)
+must still be answered.
 """
 
 from __future__ import annotations
@@ -24,16 +25,32 @@ SLOW_CLIENTS = 8
 READ_TIMEOUT_S = 3
 
 
-def _drip(port: int, stop: threading.Event, lifetimes: list[float]) -> None:
-    """One slow client: a request line, then one header line a second, forever."""
+#: What a slow client sends first, and then one piece of every second, forever:
+#: a header line (the headers never end), or a byte of a body that never ends.
+DRIPS = {
+    "headers": (
+        b"POST /v1/operations/slow/begin HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        b"X-Slow: 1\r\n",
+    ),
+    "body": (
+        b"POST /v1/operations/slow/begin HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
+        b" ",
+    ),
+}
+
+
+def _drip(port: int, stop: threading.Event, lifetimes: list[float], drip: str) -> None:
+    """One slow client: the start of a request, then one more piece a second, forever."""
+    first, piece = DRIPS[drip]
     while not stop.is_set():
         opened = time.monotonic()
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-                sock.sendall(b"POST /v1/operations/slow/begin HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                sock.sendall(first)
                 while not stop.is_set():
                     time.sleep(1)
-                    sock.sendall(b"X-Slow: 1\r\n")
+                    sock.sendall(piece)
                     sock.settimeout(0.01)
                     try:
                         if sock.recv(1) == b"":
@@ -44,14 +61,15 @@ def _drip(port: int, stop: threading.Event, lifetimes: list[float]) -> None:
             lifetimes.append(time.monotonic() - opened)
 
 
-def test_eight_slow_clients_do_not_starve_ordinary_requests(tmp_path: Path) -> None:
+@pytest.mark.parametrize("drip", sorted(DRIPS))
+def test_eight_slow_clients_do_not_starve_ordinary_requests(tmp_path: Path, drip: str) -> None:
     served = Sidecar(
         tmp_path, {}, workers=2, extra=("--request-timeout", str(READ_TIMEOUT_S))
     ).start()
     stop = threading.Event()
     lifetimes: list[float] = []
     drips = [
-        threading.Thread(target=_drip, args=(served.port, stop, lifetimes), daemon=True)
+        threading.Thread(target=_drip, args=(served.port, stop, lifetimes, drip), daemon=True)
         for _ in range(SLOW_CLIENTS)
     ]
     try:
@@ -85,10 +103,10 @@ def test_eight_slow_clients_do_not_starve_ordinary_requests(tmp_path: Path) -> N
                 time.sleep(0.05)
         share = answered / total
         print(
-            f"with {SLOW_CLIENTS} slow clients connected: {answered}/{total} ordinary requests "
-            f"answered within 2 s ({share:.1%}), slowest {slowest:.2f} s; slow connections "
-            f"cut after {min(lifetimes, default=0):.1f}-{max(lifetimes, default=0):.1f} s "
-            f"({len(lifetimes)} cuts)"
+            f"with {SLOW_CLIENTS} slow clients ({drip}) connected: {answered}/{total} ordinary "
+            f"requests answered within 2 s ({share:.1%}), slowest {slowest:.2f} s; slow "
+            f"connections cut after {min(lifetimes, default=0):.1f}-"
+            f"{max(lifetimes, default=0):.1f} s ({len(lifetimes)} cuts)"
         )
         assert share >= 0.95
         # Slow clients are cut at the read deadline (and reconnect), never kept forever.
