@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from conftest import SECRET, Api, Clock, PostgresServer, RedisServer
+from conftest import SECRET, Api, Clock, PostgresServer, RedisServer, sql_rows
 from sidecar.app import create_app
 from sidecar.store import store_from_url
 
@@ -189,6 +189,35 @@ def test_redis_evicting_policy_is_not_ready_and_every_decision_is_503(tmp_path: 
         server.stop()
 
 
+def test_redis_started_with_an_evicting_policy_decides_nothing(tmp_path: Path) -> None:
+    """The policy is checked at start too: a Redis that was already evicting
+    when the sidecar came up is not ready, and no decision is made on it."""
+    server = RedisServer(
+        tmp_path / "redis", "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"
+    ).start()
+    try:
+        app = create_app(
+            {"store": server.url, "redis": {"policy_check_s": 0.2}},
+            environ={"LOOPSTOP_SECRET": SECRET},
+        )
+        api = Api(app.test_client(), token=None)
+        for status, body in (
+            api.get("/readyz"),
+            api.post("/v1/operations/o/begin", {"payload": 1}),
+            api.post("/v1/activations", {"workflow": "wf", "event_key": "e1", "content": {}}),
+            api.post("/v1/tasks", {"workflow": "wf"}),
+        ):
+            assert status == 503 and body["type"].endswith("store-unavailable"), body
+            assert "allkeys-lru" in body["detail"] and str(server.port) not in body["detail"]
+        assert not server.client().keys("p:*")  # nothing was written
+        server.client().config_set("maxmemory-policy", "noeviction")
+        time.sleep(0.3)
+        assert api.get("/readyz")[0] == 200
+        assert api.begin("o", 1)["decision"] == "execute"
+    finally:
+        server.stop()
+
+
 def _accept_store(store_url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sidecar", "accept-store", "--yes"],
@@ -250,6 +279,99 @@ def test_replaced_database_is_refused_until_accepted(tmp_path: Path) -> None:
     assert str(tmp_path) not in body["detail"]
     assert _accept_store(url).returncode == 0
     assert api.begin("a")["decision"] == "execute"
+
+
+def test_postgres_replaced_by_a_fresh_store_is_refused_until_accepted(
+    postgres_server: PostgresServer,
+) -> None:
+    """The database a worker saw is dropped and a fresh loopstop store made in
+    its place (a restore of an empty backup, another instance's first start):
+    no committed id executes again until `loopstop accept-store`."""
+    postgres_server.reset()
+    url = postgres_server.url
+    app = create_app({"store": url}, environ={"LOOPSTOP_SECRET": SECRET})
+    api = Api(app.test_client(), token=None)
+    try:
+        for i in range(10):
+            assert api.begin(f"op-{i}", {"i": i})["decision"] == "execute"
+            assert api.post(f"/v1/operations/op-{i}/commit", {"attempt": 1, "receipt": i})[0] == 200
+        postgres_server.reset()
+        fresh = store_from_url(url)
+        fresh.ensure_schema()  # stamps a new identity into the empty database
+        fresh.close()
+        for i in range(10):
+            status, body = api.post(f"/v1/operations/op-{i}/begin", {"payload": {"i": i}})
+            assert status == 503 and "accept-store" in body["detail"], body
+            assert str(postgres_server.port) not in body["detail"]
+        assert api.get("/readyz")[0] == 503
+        assert api.get("/v1/operations/op-0")[0] == 503
+        assert sql_rows(url, "kv") == []  # nothing was written into the fresh store
+        done = _accept_store(url)
+        assert done.returncode == 0, done.stderr
+        assert api.get("/readyz")[0] == 200
+        assert api.begin("op-0", {"i": 0})["decision"] == "execute"  # what accepting means
+    finally:
+        app.extensions["loopstop"].store.close()
+
+
+def test_readyz_probes_a_write_on_redis(tmp_path: Path) -> None:
+    """A Redis that answers reads but refuses writes (here: min-replicas-to-write
+    with no replica) is not ready; the 503 names neither its URL nor its port."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        app = create_app({"store": server.url}, environ={"LOOPSTOP_SECRET": SECRET})
+        api = Api(app.test_client(), token=None)
+        assert api.get("/readyz")[0] == 200
+        server.client().config_set("min-replicas-to-write", 1)
+        assert server.client().ping()  # it still answers
+        for status, body in (
+            api.get("/readyz"),
+            api.post("/v1/operations/x/begin", {"payload": 1}),
+        ):
+            assert status == 503 and body["type"].endswith("store-unavailable"), body
+            assert str(server.port) not in body["detail"] and "redis://" not in body["detail"]
+        server.client().config_set("min-replicas-to-write", 0)
+        assert api.get("/readyz")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_readyz_probes_a_write_on_postgres() -> None:
+    """A PostgreSQL that turned read-only (as a standby or a full disk's
+    default_transaction_read_only leaves it) is not ready; no URL in the 503."""
+    import psycopg
+
+    server = PostgresServer().start()
+    try:
+        app = create_app({"store": server.url}, environ={"LOOPSTOP_SECRET": SECRET})
+        api = Api(app.test_client(), token=None)
+        assert api.get("/readyz")[0] == 200
+
+        def read_only(on: bool) -> None:
+            with psycopg.connect(server.url, autocommit=True) as conn:
+                conn.execute(
+                    f"ALTER SYSTEM SET default_transaction_read_only = {'on' if on else 'off'}"
+                )
+                conn.execute("SELECT pg_reload_conf()")
+
+        read_only(True)
+        deadline = time.monotonic() + 10
+        while (answer := api.get("/readyz"))[0] == 200:
+            assert time.monotonic() < deadline, "still ready on a read-only server"
+            time.sleep(0.1)
+        status, body = answer
+        assert status == 503 and body["type"].endswith("store-unavailable"), body
+        assert str(server.port) not in body["detail"] and "postgresql://" not in body["detail"]
+        status, body = api.post("/v1/operations/x/begin", {"payload": 1})
+        assert status == 503 and str(server.port) not in body["detail"]
+        read_only(False)
+        deadline = time.monotonic() + 10
+        while api.get("/readyz")[0] != 200:
+            assert time.monotonic() < deadline, "not ready again once writable"
+            time.sleep(0.1)
+        app.extensions["loopstop"].store.close()
+    finally:
+        server.cleanup()
 
 
 def test_hung_redis_fails_within_one_decision_timeout(tmp_path: Path) -> None:
