@@ -171,10 +171,14 @@ def create_app(
     @app.before_request
     def _authenticate() -> None:
         api = request.path == "/v1" or request.path.startswith("/v1/")
-        if not api and not request.path.startswith("/ui"):
-            return
         try:
-            _refuse_web_pages(tokens.open, api)
+            if tokens.open:
+                # Without tokens, every route (/metrics, /readyz too) answers loopback
+                # names only: a page on a foreign name resolving to 127.0.0.1 reads nothing.
+                check_host(request.headers.get("Host"), request.scheme, _bound_port())
+            if not api and not request.path.startswith("/ui"):
+                return
+            _refuse_web_pages(api)
             if api:
                 g.principal = tokens.authenticate(
                     request.headers.get("Authorization"), request.remote_addr
@@ -219,16 +223,14 @@ def _bound_port() -> int | None:
     return int(name[1]) if isinstance(name, tuple) and len(name) >= 2 else None
 
 
-def _refuse_web_pages(open_mode: bool, api: bool) -> None:
+def _refuse_web_pages(api: bool) -> None:
     """What no web page may do (DESIGN "HTTP conventions"): send a state-changing
-    ``/v1`` request a form or a simple ``fetch`` can send (415), act from another
-    origin (403), or, without tokens, reach the server under a foreign host
-    name (DNS rebinding: 421).
+    ``/v1`` request a form or a simple ``fetch`` can send (415), or act from
+    another origin (403). (Without tokens, a foreign host name, DNS rebinding,
+    was refused before this on every route: 421.)
 
-    :raises MisdirectedRequest, ForeignOrigin, UnsupportedMediaType:
+    :raises ForeignOrigin, UnsupportedMediaType:
     """
-    if open_mode:
-        check_host(request.headers.get("Host"), request.scheme, _bound_port())
     check_origin(request.headers.get("Origin"), request.headers.get("Host"), request.scheme)
     if api and request.method in _STATE_CHANGING and request.routing_exception is None:
         mimetype = request.mimetype

@@ -123,6 +123,16 @@ def test_dns_rebinding_host_is_refused_without_tokens(open_app: Flask) -> None:
         assert client.get(f"{OP}?state=unknown", headers={"Host": host}).status_code == 200
 
 
+def test_without_tokens_no_route_answers_a_foreign_host(open_app: Flask) -> None:
+    """A rebinding page reads nothing either: metrics, readiness, the API document."""
+    client = open_app.test_client()
+    for path in ("/metrics", "/readyz", "/healthz", "/openapi.json"):
+        r = client.get(path, headers={"Host": "evil.example"})
+        assert r.status_code == 421, (path, r.status_code)
+        problem(421, r.get_json(), "misdirected-request")
+        assert client.get(path, headers={"Host": "127.0.0.1:8765"}).status_code == 200, path
+
+
 def test_with_tokens_the_host_is_free_but_the_origin_is_not(make_app: AppFactory) -> None:
     client = make_app().test_client()
     r = client.get("/v1/whoami", headers={**AUTH, "Host": "loopstop.internal:8765"})
