@@ -403,6 +403,52 @@ def test_a_tasks_writes_count_toward_the_configured_open_bound(make_app: AppFact
     assert (status, call["decision"]) == (200, "execute"), call
 
 
+def test_purge_and_expiry_never_delete_an_open_or_unknown_operation(
+    make_app: AppFactory, store_url: str, clock: Clock, tmp_path: Path
+) -> None:
+    """Open records carry no expiry (an unknown one may have landed): what a
+    retention removes is settled records only, on every store."""
+    api = Api(make_app(tokens=False, operations={"retention_s": 120}).test_client(), token=None)
+    begin(api, "open", workflow="wf", lease_s=3600)
+    begin(api, "unknown", workflow="wf")
+    api.post(f"{OP}/unknown/fail", {"attempt": 1, "outcome": "unknown", "workflow": "wf"})
+    begin(api, "lapsed", workflow="wf", lease_s=10)
+    begin(api, "done", workflow="wf")
+    api.post(f"{OP}/done/commit", {"attempt": 1, "receipt": "r", "workflow": "wf"})
+    clock.advance(11)
+    kept = [f"p:op:wf/{i}" for i in ("open", "unknown", "lapsed")]
+    if store_url.startswith("redis"):
+        import redis
+
+        client = redis.Redis.from_url(store_url)
+        assert [client.ttl("loopstop:" + k) for k in kept] == [-1, -1, -1]  # never expire
+        assert 0 < client.ttl("loopstop:p:op:wf/done") <= 120
+    else:
+        # Every record that has an expiry is past it; then the operator's purge.
+        sql = "UPDATE {}kv SET expires_at = 1 WHERE expires_at IS NOT NULL"
+        if store_url.startswith("sqlite"):
+            import sqlite3
+
+            with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+                conn.execute(sql.format(""))
+        else:
+            import psycopg
+
+            with psycopg.connect(store_url, autocommit=True) as pg:
+                pg.execute(sql.format("loopstop_"))
+        run = subprocess.run(
+            [sys.executable, "-m", "sidecar", "purge"],
+            env={"LOOPSTOP_STORE": store_url, "LOOPSTOP_SECRET": SECRET, "PATH": "/usr/bin"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0 and "purged 1 expired record" in run.stdout, run
+    decisions = [begin(api, i, workflow="wf")["decision"] for i in ("open", "unknown", "lapsed")]
+    assert decisions == ["in_progress", "reconcile", "reconcile"]  # none executes again
+
+
 def test_reconcile_input_or_receipt_over_16_kib_is_413(
     make_app: AppFactory, sor: SystemOfRecord
 ) -> None:
