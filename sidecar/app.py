@@ -119,6 +119,7 @@ def create_app(
         store, fingerprinter, configured_checks, settings.tasks.retention_s, clock, ops.records
     )
     task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
+    chain_service = ChainService(store, fingerprinter, settings.chains, clock)
 
     app = Flask("sidecar")
     app.session_interface = _PageSessions()
@@ -144,11 +145,21 @@ def create_app(
         clock=clock,
         environ=env,
         operations=ops,
-        chains=ChainService(store, fingerprinter, settings.chains, clock),
+        chains=chain_service,
         tasks=task_service,
         checks=check_service,
         model_gate=ModelGate(settings.model_gate, task_service, session, env),
-        stops=StopService(store, settings.n8n, env, _n8n_session(), clock),
+        stops=StopService(
+            store,
+            chain_service,
+            task_service,
+            settings.n8n,
+            env,
+            _n8n_session(),
+            clock,
+            workflow_ttl_s=settings.operations.retention_s,
+            task_ttl_s=settings.tasks.retention_s,
+        ),
     )
 
     @app.before_request

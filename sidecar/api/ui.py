@@ -39,7 +39,6 @@ from sidecar.api.decisions import log_decision
 from sidecar.api.models import nfc_name
 from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
 from sidecar.core.chains import Chain
-from sidecar.core.executions import of_mode
 from sidecar.core.operations import OperationState, ReconcileOutcome
 from sidecar.core.stops import Stop, StopDecision
 from sidecar.core.tasks import Task
@@ -53,6 +52,7 @@ from sidecar.errors import (
 from sidecar.runtime import Runtime, runtime
 from sidecar.service import keys
 from sidecar.service.sessions import SessionRevocations
+from sidecar.service.stops import Cancellation
 
 bp = Blueprint("ui", __name__, url_prefix="/ui")
 
@@ -291,13 +291,8 @@ def _running_long(rt: Runtime, principal: Principal, now: float) -> list[dict[st
     return out
 
 
-def _cancelled(kind: str, ident: str, ttl_s: float, ids: list[str] | None) -> str:
-    """Ask n8n to stop what a /ui stop covers (after it committed); say what was confirmed."""
-    rt = runtime()
-    if ids is None:
-        result = rt.stops.cancel_workflow(NS, "production", ident, ttl_s)
-    else:
-        result = rt.stops.cancel_executions(NS, kind, ident, "production", ids, ttl_s)
+def _said(result: Cancellation) -> str:
+    """What a /ui stop's cancellation in n8n confirmed, in words."""
     confirmed = sum(1 for e in result.executions if e.confirmed)
     text = f"n8n: {result.state}, {confirmed}/{len(result.executions)} executions confirmed"
     return text + (f" ({result.error})" if result.error else "")
@@ -400,10 +395,8 @@ def chain(chain_id: str) -> Response:
 def stop_chain(chain_id: str) -> Response:
     principal = _require_form()
     reason = request.form.get("reason", "").strip()[:500] or "stopped from /ui"
-    rt = runtime()
-    info = rt.chains.stop_chain(principal, NS, chain_id, reason, stopped=True)
-    ids = of_mode(info.chain.executions, "production")
-    said = _cancelled("chain", chain_id, info.chain.expires_at - rt.clock(), ids)
+    _, cancellation = runtime().stops.stop_chain(principal, "production", chain_id, reason)
+    said = _said(cancellation)
     log_decision("ui.chains.stop", StopDecision.STOPPED, reason, chain_id=chain_id)
     return redirect(
         url_for("ui.index", done=f"chain {chain_id} stopped; {said}"),  # type: ignore[return-value]
@@ -420,12 +413,13 @@ def stop_workflow() -> Response:
     except ValueError as exc:
         raise ValidationFailed([{"loc": ["form", "workflow"], "msg": str(exc)}]) from exc
     stopped = request.form.get("action", "stop") != "resume"
-    runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
     decision = StopDecision.STOPPED if stopped else StopDecision.RESUMED
     done = str(decision)
     if stopped:
-        retention = runtime().settings.operations.retention_s
-        done += "; " + _cancelled("workflow", workflow, retention, None)
+        _, cancellation = runtime().stops.stop_workflow(principal, "production", workflow, reason)
+        done += "; " + _said(cancellation)
+    else:
+        runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=False)
     log_decision(
         f"ui.workflows.{'stop' if stopped else 'resume'}", decision, reason, workflow=workflow
     )
