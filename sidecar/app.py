@@ -32,6 +32,8 @@ from sidecar.service.chains import ChainService
 from sidecar.service.checks import CheckService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
+from sidecar.service.overview import Overview
+from sidecar.service.sessions import SessionRevocations
 from sidecar.service.stops import StopService
 from sidecar.service.tasks import TaskService
 from sidecar.store import Store, sqlite_path, store_from_url
@@ -160,6 +162,14 @@ def create_app(
             workflow_ttl_s=settings.operations.retention_s,
             task_ttl_s=settings.tasks.retention_s,
         ),
+        overview=Overview(
+            store,
+            clock,
+            longest_chain_s=chain_service.longest_chain_s,
+            task_horizon_s=settings.tasks.retention_s + settings.limits.deadline_s,
+            running_s=settings.outliers.running_s,
+        ),
+        sessions=SessionRevocations(store, fingerprinter, clock),
     )
 
     @app.before_request

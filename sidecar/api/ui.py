@@ -38,10 +38,8 @@ from flask import (
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import nfc_name
 from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
-from sidecar.core.chains import Chain
 from sidecar.core.operations import OperationState, ReconcileOutcome
-from sidecar.core.stops import Stop, StopDecision
-from sidecar.core.tasks import Task
+from sidecar.core.stops import StopDecision
 from sidecar.errors import (
     Forbidden,
     LoopstopError,
@@ -50,8 +48,6 @@ from sidecar.errors import (
     ValidationFailed,
 )
 from sidecar.runtime import Runtime, runtime
-from sidecar.service import keys
-from sidecar.service.sessions import SessionRevocations
 from sidecar.service.stops import Cancellation
 
 bp = Blueprint("ui", __name__, url_prefix="/ui")
@@ -118,7 +114,7 @@ def _throttle() -> LoginThrottle:
 
 
 def _revoked(rt: Runtime, sid: str) -> bool:
-    return SessionRevocations(rt.store, rt.fingerprinter, rt.clock).revoked(sid)
+    return rt.sessions.revoked(sid)
 
 
 def _principal() -> Principal | None:
@@ -217,78 +213,9 @@ def logout() -> Response:
     _require_form(admin=False)
     sid = session.get("sid")
     if isinstance(sid, str):
-        rt = runtime()
-        SessionRevocations(rt.store, rt.fingerprinter, rt.clock).revoke(sid, SESSION_S)
+        runtime().sessions.revoke(sid, SESSION_S)
     session.clear()
     return redirect(url_for("ui.login_form"), code=303)  # type: ignore[return-value]
-
-
-def _chains(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
-    entries = rt.store.index_page(
-        keys.recent_chains(NS), min_score=now - rt.chains.longest_chain_s, limit=500
-    )
-    ids = [m for m, _ in reversed(entries)]
-    docs = rt.store.get_many(
-        [keys.chain(NS, i) for i in ids] + [keys.chain_stop(NS, i) for i in ids]
-    )
-    out = []
-    for chain_id in ids:
-        chain = Chain.from_doc(docs[keys.chain(NS, chain_id)])
-        if chain is None or not chain.alive(now) or not principal.allows(chain.workflow):
-            continue
-        stop_doc = docs[keys.chain_stop(NS, chain_id)]
-        out.append(
-            {
-                "chain": chain,
-                "stop": Stop(**stop_doc) if stop_doc else None,
-                "last": chain.recent[-1] if chain.recent else None,
-            }
-        )
-        if len(out) == LISTED:
-            break
-    return out
-
-
-def _tasks(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
-    horizon = rt.settings.tasks.retention_s + rt.settings.limits.deadline_s
-    entries = rt.store.index_page(keys.recent_tasks(NS), min_score=now - horizon, limit=500)
-    ids = [m for m, _ in reversed(entries)]
-    docs = rt.store.get_many([keys.task(NS, i) for i in ids])
-    out: list[dict[str, Any]] = []
-    for task_id in ids:
-        task = Task.from_doc(docs[keys.task(NS, task_id)])
-        if task is None or not principal.allows(task.workflow):
-            continue
-        u, lim = task.used, task.limits
-        bars = [
-            (u.tool_calls, lim.max_tool_calls),
-            (u.model_calls, lim.max_model_calls),
-            (u.tokens, lim.max_tokens),
-        ]
-        out.append({"task": task, "bars": bars})
-        if len(out) == LISTED:
-            break
-    watch = {t["task"].task_id: keys.task_watch(NS, t["task"].task_id) for t in out}
-    marks = rt.store.get_many(list(watch.values()))
-    for t, key in zip(out, watch.values(), strict=True):  # a runaway task's mark (DESIGN §6)
-        t["outlier"] = (marks[key] or {}).get("outlier")
-    return out
-
-
-def _running_long(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
-    """Running tasks older than ``outliers.running_s``, oldest first."""
-    since = now - rt.settings.outliers.running_s
-    entries = rt.store.index_page(keys.running_tasks(NS), max_score=since, limit=500)
-    docs = rt.store.get_many([keys.task(NS, m) for m, _ in entries])
-    out = []
-    for member, _ in entries:
-        task = Task.from_doc(docs[keys.task(NS, member)])
-        if task is None or task.envelope is not None or not principal.allows(task.workflow):
-            continue
-        out.append({"task": task, "running_s": int(now - task.created_at)})
-        if len(out) == LISTED:
-            break
-    return out
 
 
 def _said(result: Cancellation) -> str:
@@ -311,19 +238,6 @@ def _operations(rt: Runtime, principal: Principal) -> list[Any]:
     return items[:LISTED]
 
 
-def _open_counts(rt: Runtime, principal: Principal, now: float) -> dict[str, int]:
-    """Open and unknown operations in the token's scope (what the bound counts)."""
-    scopes: list[str | None] = [None]
-    if principal.workflows is not None:
-        scopes = list(sorted(principal.workflows))
-    counts = {"open": 0, "unknown": 0}
-    for workflow in scopes:
-        index = keys.open_operations(NS, workflow)
-        counts["open"] += rt.store.index_count(index)
-        counts["unknown"] += rt.store.index_count(index, max_score=now)
-    return counts
-
-
 @bp.get("")
 @bp.get("/")
 def index() -> Response:
@@ -337,12 +251,12 @@ def index() -> Response:
         principal=principal,
         csrf=_csrf(),
         refresh=REFRESH_S,
-        chains=_chains(rt, principal, now),
-        tasks=_tasks(rt, principal, now),
+        chains=rt.overview.chains(principal, NS, now, LISTED),
+        tasks=rt.overview.tasks(principal, NS, now, LISTED),
         operations=_operations(rt, principal),
-        counts=_open_counts(rt, principal, now),
+        counts=rt.overview.open_counts(principal, NS, now),
         max_open=rt.settings.operations.max_open_per_workflow,
-        running_long=_running_long(rt, principal, now),
+        running_long=rt.overview.running_long(principal, NS, now, LISTED),
         running_s=int(rt.settings.outliers.running_s),
         message=request.args.get("done"),
     )
