@@ -32,6 +32,8 @@ from sidecar.service.chains import ChainService
 from sidecar.service.checks import CheckService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
+from sidecar.service.overview import Overview
+from sidecar.service.sessions import SessionRevocations
 from sidecar.service.stops import StopService
 from sidecar.service.tasks import TaskService
 from sidecar.store import Store, sqlite_path, store_from_url
@@ -119,6 +121,7 @@ def create_app(
         store, fingerprinter, configured_checks, settings.tasks.retention_s, clock, ops.records
     )
     task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
+    chain_service = ChainService(store, fingerprinter, settings.chains, clock)
 
     app = Flask("sidecar")
     app.session_interface = _PageSessions()
@@ -144,11 +147,29 @@ def create_app(
         clock=clock,
         environ=env,
         operations=ops,
-        chains=ChainService(store, fingerprinter, settings.chains, clock),
+        chains=chain_service,
         tasks=task_service,
         checks=check_service,
         model_gate=ModelGate(settings.model_gate, task_service, session, env),
-        stops=StopService(store, settings.n8n, env, _n8n_session(), clock),
+        stops=StopService(
+            store,
+            chain_service,
+            task_service,
+            settings.n8n,
+            env,
+            _n8n_session(),
+            clock,
+            workflow_ttl_s=settings.operations.retention_s,
+            task_ttl_s=settings.tasks.retention_s,
+        ),
+        overview=Overview(
+            store,
+            clock,
+            longest_chain_s=chain_service.longest_chain_s,
+            task_horizon_s=settings.tasks.retention_s + settings.limits.deadline_s,
+            running_s=settings.outliers.running_s,
+        ),
+        sessions=SessionRevocations(store, fingerprinter, clock),
     )
 
     @app.before_request

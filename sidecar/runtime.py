@@ -18,6 +18,8 @@ from sidecar.service.chains import ChainService
 from sidecar.service.checks import CheckService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
+from sidecar.service.overview import Overview
+from sidecar.service.sessions import SessionRevocations
 from sidecar.service.stops import StopService
 from sidecar.service.tasks import TaskService
 from sidecar.store import Store
@@ -39,6 +41,8 @@ class Runtime:
     checks: CheckService
     model_gate: ModelGate
     stops: StopService
+    overview: Overview
+    sessions: SessionRevocations
 
 
 def runtime() -> Runtime:

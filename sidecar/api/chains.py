@@ -26,7 +26,6 @@ from sidecar.api.decisions import log_decision
 from sidecar.api.models import ModeQuery, nfc_name
 from sidecar.api.openapi import route
 from sidecar.core.chains import EffectDecision
-from sidecar.core.executions import of_mode
 from sidecar.core.stops import Stop, StopDecision
 from sidecar.errors import ValidationFailed
 from sidecar.markers import CHAIN_ID_PATTERN
@@ -197,17 +196,15 @@ def resume_chain(chain_id: str) -> Response:
 
 
 def _set_chain_stop(chain_id: str, mode: ExecutionMode, reason: str, stopped: bool) -> Response:
-    """Stop or resume a chain (admin), log it, answer with the chain."""
+    """Stop (and reach n8n) or resume a chain (admin), log it, answer with the chain."""
     check_path({"chain_id": chain_id}, {"chain_id": _CHAIN})
     rt = runtime()
     ns = keys.namespace(mode)
-    info = rt.chains.stop_chain(g.principal, ns, chain_id, reason, stopped=stopped)
     cancellation = None
     if stopped:
-        # Committed: now ask n8n to stop the executions that acted for the chain.
-        ids = of_mode(info.chain.executions, mode)
-        ttl_s = info.chain.expires_at - rt.clock()
-        cancellation = rt.stops.cancel_executions(ns, "chain", chain_id, mode, ids, ttl_s)
+        info, cancellation = rt.stops.stop_chain(g.principal, mode, chain_id, reason)
+    else:
+        info = rt.chains.stop_chain(g.principal, ns, chain_id, reason, stopped=False)
     route_name = "chains.stop" if stopped else "chains.resume"
     log_decision(
         route_name,
@@ -278,13 +275,10 @@ def get_workflow(workflow: str) -> Response:
 def stop_workflow(workflow: str) -> Response:
     workflow = _path_workflow(workflow)
     body = parse_body(StopBody)
-    rt = runtime()
     ns = keys.namespace(body.execution_mode)
-    stop = rt.chains.stop_workflow(g.principal, ns, workflow, body.reason, stopped=True)
-    # Committed: now ask n8n to stop the workflow's running and waiting executions
-    # of the stop's own mode, confirm, and record what was confirmed (DESIGN §6).
-    retention_s = rt.settings.operations.retention_s
-    cancellation = rt.stops.cancel_workflow(ns, body.execution_mode, workflow, retention_s)
+    stop, cancellation = runtime().stops.stop_workflow(
+        g.principal, body.execution_mode, workflow, body.reason
+    )
     log_decision(
         "workflows.stop",
         StopDecision.STOPPED,

@@ -14,7 +14,6 @@ from sidecar.api.openapi import route
 from sidecar.auth import auth_failure
 from sidecar.errors import Unauthenticated
 from sidecar.runtime import runtime
-from sidecar.service import keys
 
 public = Blueprint("meta", __name__)
 v1 = Blueprint("whoami", __name__, url_prefix="/v1")
@@ -46,7 +45,7 @@ def healthz() -> Response:
 )
 def readyz() -> Response:
     rt = runtime()
-    facts = rt.store.ping()
+    facts = rt.overview.ping()
     # Whether n8n's API answers: a warning, never "not ready" (decisions do not need it).
     return jsonify(Ready(status="ready", store=facts, n8n=rt.stops.ready()).model_dump())
 
@@ -69,18 +68,13 @@ def metrics_route() -> Response:
             auth_failure(exc, request.path, request.remote_addr, None)
             raise exc
 
-    def unknown() -> int:
-        return rt.store.index_count(keys.open_operations("p"), max_score=rt.clock())
-
-    def open_ops() -> int:
-        return rt.store.index_count(keys.open_operations("p"))
-
-    def running_long() -> int:
-        since = rt.clock() - rt.settings.outliers.running_s
-        return rt.store.index_count(keys.running_tasks("p"), max_score=since)
-
     return Response(
-        metrics.exposition(unknown, open_ops, running_long), content_type=metrics.CONTENT_TYPE
+        metrics.exposition(
+            rt.overview.unknown_operations,
+            rt.overview.open_operations,
+            rt.overview.running_long_count,
+        ),
+        content_type=metrics.CONTENT_TYPE,
     )
 
 

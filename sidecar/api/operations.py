@@ -88,33 +88,24 @@ def begin(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     body = parse_body(BeginBody)
     ns = g.ns = keys.namespace(body.execution_mode)
-    try:
-        fingerprints = runtime().fingerprinter.fingerprints(body.payload)
-    except ValueError as exc:
-        raise ValidationFailed([{"loc": ["body", "payload"], "msg": str(exc)}]) from exc
-    reconcile = None
     if body.reconcile is not None:
-        runtime().operations.require_reconcile_check(
-            g.principal, body.reconcile.check, body.workflow
-        )
         _bounded(body.reconcile.input, "reconcile.input")
-        reconcile = body.reconcile.model_dump(mode="json")
     inp = BeginInput(
-        fingerprints,
+        body.payload,
         body.workflow,
         body.task_id,
         body.chain_id,
         body.lease_s,
-        reconcile,
+        None if body.reconcile is None else body.reconcile.model_dump(mode="json"),
         shared=body.scope == "shared",
     )
-    outcome = runtime().operations.begin(g.principal, ns, operation_id, inp)
-    op = outcome.operation
+    begun = runtime().operations.begin(g.principal, ns, operation_id, inp)
+    outcome, op = begun.outcome, begun.outcome.operation
     log_decision(
         "operations.begin",
         outcome.decision,
         outcome.reason,
-        payload_fp=fingerprints[runtime().fingerprinter.current.id][:16],
+        payload_fp=begun.payload_fp,
         operation_id=operation_id,
         workflow=op.workflow if op else body.workflow,
         attempt=op.attempt if op else None,

@@ -32,7 +32,6 @@ from sidecar.api.task_models import (
     render,
 )
 from sidecar.checks import CheckResult
-from sidecar.core.executions import of_mode
 from sidecar.core.tasks import LifecycleDecision, Task, ToolResult
 from sidecar.runtime import runtime
 from sidecar.service import keys
@@ -276,16 +275,10 @@ def complete(task_id: str) -> Response:
 def stop(task_id: str) -> Response:
     body = parse_body(TaskStopBody)
     rt = runtime()
-    task, ns = _in_task_namespace(
+    task, cancellation, ns = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: (rt.tasks.stop(g.principal, ns, _task_id(task_id)), ns),
-    )
-    # Committed: now ask n8n to stop the executions that acted for the task (DESIGN §6).
-    mode: ExecutionMode = "test" if ns == "t" else "production"
-    executions = of_mode(rt.tasks.watched(ns, task.task_id).get("executions", []), mode)
-    cancellation = rt.stops.cancel_executions(
-        ns, "task", task.task_id, mode, executions, rt.settings.tasks.retention_s
+        lambda ns: (*rt.stops.stop_task(g.principal, ns, _task_id(task_id)), ns),
     )
     _log(
         "tasks.stop",

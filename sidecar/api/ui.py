@@ -38,11 +38,8 @@ from flask import (
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import nfc_name
 from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
-from sidecar.core.chains import Chain
-from sidecar.core.executions import of_mode
 from sidecar.core.operations import OperationState, ReconcileOutcome
-from sidecar.core.stops import Stop, StopDecision
-from sidecar.core.tasks import Task
+from sidecar.core.stops import StopDecision
 from sidecar.errors import (
     Forbidden,
     LoopstopError,
@@ -51,8 +48,7 @@ from sidecar.errors import (
     ValidationFailed,
 )
 from sidecar.runtime import Runtime, runtime
-from sidecar.service import keys
-from sidecar.service.sessions import SessionRevocations
+from sidecar.service.stops import Cancellation
 
 bp = Blueprint("ui", __name__, url_prefix="/ui")
 
@@ -118,7 +114,7 @@ def _throttle() -> LoginThrottle:
 
 
 def _revoked(rt: Runtime, sid: str) -> bool:
-    return SessionRevocations(rt.store, rt.fingerprinter, rt.clock).revoked(sid)
+    return rt.sessions.revoked(sid)
 
 
 def _principal() -> Principal | None:
@@ -217,87 +213,13 @@ def logout() -> Response:
     _require_form(admin=False)
     sid = session.get("sid")
     if isinstance(sid, str):
-        rt = runtime()
-        SessionRevocations(rt.store, rt.fingerprinter, rt.clock).revoke(sid, SESSION_S)
+        runtime().sessions.revoke(sid, SESSION_S)
     session.clear()
     return redirect(url_for("ui.login_form"), code=303)  # type: ignore[return-value]
 
 
-def _chains(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
-    entries = rt.store.index_page(
-        keys.recent_chains(NS), min_score=now - rt.chains.longest_chain_s, limit=500
-    )
-    ids = [m for m, _ in reversed(entries)]
-    docs = rt.store.get_many(
-        [keys.chain(NS, i) for i in ids] + [keys.chain_stop(NS, i) for i in ids]
-    )
-    out = []
-    for chain_id in ids:
-        chain = Chain.from_doc(docs[keys.chain(NS, chain_id)])
-        if chain is None or not chain.alive(now) or not principal.allows(chain.workflow):
-            continue
-        stop_doc = docs[keys.chain_stop(NS, chain_id)]
-        out.append(
-            {
-                "chain": chain,
-                "stop": Stop(**stop_doc) if stop_doc else None,
-                "last": chain.recent[-1] if chain.recent else None,
-            }
-        )
-        if len(out) == LISTED:
-            break
-    return out
-
-
-def _tasks(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
-    horizon = rt.settings.tasks.retention_s + rt.settings.limits.deadline_s
-    entries = rt.store.index_page(keys.recent_tasks(NS), min_score=now - horizon, limit=500)
-    ids = [m for m, _ in reversed(entries)]
-    docs = rt.store.get_many([keys.task(NS, i) for i in ids])
-    out: list[dict[str, Any]] = []
-    for task_id in ids:
-        task = Task.from_doc(docs[keys.task(NS, task_id)])
-        if task is None or not principal.allows(task.workflow):
-            continue
-        u, lim = task.used, task.limits
-        bars = [
-            (u.tool_calls, lim.max_tool_calls),
-            (u.model_calls, lim.max_model_calls),
-            (u.tokens, lim.max_tokens),
-        ]
-        out.append({"task": task, "bars": bars})
-        if len(out) == LISTED:
-            break
-    watch = {t["task"].task_id: keys.task_watch(NS, t["task"].task_id) for t in out}
-    marks = rt.store.get_many(list(watch.values()))
-    for t, key in zip(out, watch.values(), strict=True):  # a runaway task's mark (DESIGN §6)
-        t["outlier"] = (marks[key] or {}).get("outlier")
-    return out
-
-
-def _running_long(rt: Runtime, principal: Principal, now: float) -> list[dict[str, Any]]:
-    """Running tasks older than ``outliers.running_s``, oldest first."""
-    since = now - rt.settings.outliers.running_s
-    entries = rt.store.index_page(keys.running_tasks(NS), max_score=since, limit=500)
-    docs = rt.store.get_many([keys.task(NS, m) for m, _ in entries])
-    out = []
-    for member, _ in entries:
-        task = Task.from_doc(docs[keys.task(NS, member)])
-        if task is None or task.envelope is not None or not principal.allows(task.workflow):
-            continue
-        out.append({"task": task, "running_s": int(now - task.created_at)})
-        if len(out) == LISTED:
-            break
-    return out
-
-
-def _cancelled(kind: str, ident: str, ttl_s: float, ids: list[str] | None) -> str:
-    """Ask n8n to stop what a /ui stop covers (after it committed); say what was confirmed."""
-    rt = runtime()
-    if ids is None:
-        result = rt.stops.cancel_workflow(NS, "production", ident, ttl_s)
-    else:
-        result = rt.stops.cancel_executions(NS, kind, ident, "production", ids, ttl_s)
+def _said(result: Cancellation) -> str:
+    """What a /ui stop's cancellation in n8n confirmed, in words."""
     confirmed = sum(1 for e in result.executions if e.confirmed)
     text = f"n8n: {result.state}, {confirmed}/{len(result.executions)} executions confirmed"
     return text + (f" ({result.error})" if result.error else "")
@@ -316,19 +238,6 @@ def _operations(rt: Runtime, principal: Principal) -> list[Any]:
     return items[:LISTED]
 
 
-def _open_counts(rt: Runtime, principal: Principal, now: float) -> dict[str, int]:
-    """Open and unknown operations in the token's scope (what the bound counts)."""
-    scopes: list[str | None] = [None]
-    if principal.workflows is not None:
-        scopes = list(sorted(principal.workflows))
-    counts = {"open": 0, "unknown": 0}
-    for workflow in scopes:
-        index = keys.open_operations(NS, workflow)
-        counts["open"] += rt.store.index_count(index)
-        counts["unknown"] += rt.store.index_count(index, max_score=now)
-    return counts
-
-
 @bp.get("")
 @bp.get("/")
 def index() -> Response:
@@ -342,12 +251,12 @@ def index() -> Response:
         principal=principal,
         csrf=_csrf(),
         refresh=REFRESH_S,
-        chains=_chains(rt, principal, now),
-        tasks=_tasks(rt, principal, now),
+        chains=rt.overview.chains(principal, NS, now, LISTED),
+        tasks=rt.overview.tasks(principal, NS, now, LISTED),
         operations=_operations(rt, principal),
-        counts=_open_counts(rt, principal, now),
+        counts=rt.overview.open_counts(principal, NS, now),
         max_open=rt.settings.operations.max_open_per_workflow,
-        running_long=_running_long(rt, principal, now),
+        running_long=rt.overview.running_long(principal, NS, now, LISTED),
         running_s=int(rt.settings.outliers.running_s),
         message=request.args.get("done"),
     )
@@ -400,10 +309,8 @@ def chain(chain_id: str) -> Response:
 def stop_chain(chain_id: str) -> Response:
     principal = _require_form()
     reason = request.form.get("reason", "").strip()[:500] or "stopped from /ui"
-    rt = runtime()
-    info = rt.chains.stop_chain(principal, NS, chain_id, reason, stopped=True)
-    ids = of_mode(info.chain.executions, "production")
-    said = _cancelled("chain", chain_id, info.chain.expires_at - rt.clock(), ids)
+    _, cancellation = runtime().stops.stop_chain(principal, "production", chain_id, reason)
+    said = _said(cancellation)
     log_decision("ui.chains.stop", StopDecision.STOPPED, reason, chain_id=chain_id)
     return redirect(
         url_for("ui.index", done=f"chain {chain_id} stopped; {said}"),  # type: ignore[return-value]
@@ -420,12 +327,13 @@ def stop_workflow() -> Response:
     except ValueError as exc:
         raise ValidationFailed([{"loc": ["form", "workflow"], "msg": str(exc)}]) from exc
     stopped = request.form.get("action", "stop") != "resume"
-    runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=stopped)
     decision = StopDecision.STOPPED if stopped else StopDecision.RESUMED
     done = str(decision)
     if stopped:
-        retention = runtime().settings.operations.retention_s
-        done += "; " + _cancelled("workflow", workflow, retention, None)
+        _, cancellation = runtime().stops.stop_workflow(principal, "production", workflow, reason)
+        done += "; " + _said(cancellation)
+    else:
+        runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=False)
     log_decision(
         f"ui.workflows.{'stop' if stopped else 'resume'}", decision, reason, workflow=workflow
     )

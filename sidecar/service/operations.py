@@ -51,16 +51,23 @@ log = logging.getLogger("loopstop")
 
 @dataclass(frozen=True)
 class BeginInput:
-    """The validated ``begin`` body; the payload only as its fingerprints
-    (secret id -> hex, from :meth:`Fingerprinter.fingerprints`)."""
+    """The validated ``begin`` body (``payload`` as sent: only its fingerprints are kept)."""
 
-    fingerprints: dict[str, str]
+    payload: Any
     workflow: str | None
     task_id: str | None
     chain_id: str | None
     lease_s: float | None
     reconcile: dict[str, Any] | None = None
     shared: bool = False
+
+
+@dataclass(frozen=True)
+class Begun:
+    """A decided ``begin`` and its payload's fingerprint prefix, for the decision log."""
+
+    outcome: BeginOutcome
+    payload_fp: str
 
 
 @dataclass(frozen=True)
@@ -161,26 +168,43 @@ class OperationService:
 
     # -- decisions ---------------------------------------------------------
 
-    def begin(
-        self, principal: Principal, ns: str, operation_id: str, body: BeginInput
-    ) -> BeginOutcome:
+    def begin(self, principal: Principal, ns: str, operation_id: str, body: BeginInput) -> Begun:
         """Decide a ``begin`` atomically (DESIGN §1).
 
+        :raises ValidationFailed: a payload with no RFC 8785 form, or a
+            reconcile check that cannot settle a write (:meth:`require_reconcile_check`).
         :raises Forbidden: the token may not act for the request's workflow,
             or a shared begin comes from a token that does not hold every workflow.
         :raises TooManyOpen: the workflow holds ``max_open_per_workflow`` open operations.
         :raises StoreUnavailable: fail closed.
         """
+        try:
+            fingerprints = self.fingerprinter.fingerprints(body.payload)
+        except ValueError as exc:
+            raise ValidationFailed([{"loc": ["body", "payload"], "msg": str(exc)}]) from exc
+        if body.reconcile is not None:
+            self.require_reconcile_check(principal, body.reconcile["check"], body.workflow)
         principal.require(body.workflow)
         if body.shared and principal.workflows is not None:
             raise Forbidden(
                 f"token {principal.name!r} does not hold every workflow: it may not use the "
                 'shared namespace (scope: "shared")'
             )
+        outcome = self._begin(principal, ns, operation_id, body, fingerprints)
+        return Begun(outcome, fingerprints[self.fingerprinter.current.id][:16])
+
+    def _begin(
+        self,
+        principal: Principal,
+        ns: str,
+        operation_id: str,
+        body: BeginInput,
+        fingerprints: dict[str, str],
+    ) -> BeginOutcome:
         now = self.clock()
         req = BeginRequest(
             operation_id=operation_id,
-            fingerprints=body.fingerprints,
+            fingerprints=fingerprints,
             secret_id=self.fingerprinter.current.id,
             workflow=body.workflow,
             task_id=body.task_id,

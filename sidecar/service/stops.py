@@ -20,11 +20,16 @@ from typing import Any
 import requests
 
 from sidecar import metrics
+from sidecar.auth import Principal
 from sidecar.config import N8nConfig
 from sidecar.core import executions as core
 from sidecar.core.executions import CancellationState, ExecutionMode, ExecutionResult
+from sidecar.core.stops import Stop
+from sidecar.core.tasks import Task
 from sidecar.n8n import Execution, N8nClient, N8nError
 from sidecar.service import keys, records
+from sidecar.service.chains import ChainInfo, ChainService
+from sidecar.service.tasks import TaskService
 from sidecar.store import Store
 
 #: Statuses a workflow stop lists (n8n parks an execution in a long Wait as ``waiting``).
@@ -81,9 +86,13 @@ class _Tracked:
 
 
 class StopService:
-    """Cancels n8n executions for loopstop stops; records what was confirmed.
+    """Operator stops that reach n8n: commit the loopstop stop, then cancel the
+    n8n executions it covers and record what was confirmed.
 
+    :param chains: commits workflow and chain stops.
+    :param tasks: commits task stops and knows a task's executions.
     :param config: the ``n8n`` section (None: stops stay loopstop's own).
+    :param workflow_ttl_s: how long a workflow stop's cancellation record is kept.
     :param clock: epoch seconds, for the record's ``at``.
     :param sleep: waits between polls (tests keep the real one: n8n is real).
     """
@@ -91,14 +100,23 @@ class StopService:
     def __init__(
         self,
         store: Store,
+        chains: ChainService,
+        tasks: TaskService,
         config: N8nConfig | None,
         environ: Mapping[str, str],
         session: requests.Session,
         clock: Callable[[], float],
+        *,
+        workflow_ttl_s: float,
+        task_ttl_s: float,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
+        self.chains = chains
+        self.tasks = tasks
+        self.workflow_ttl_s = workflow_ttl_s
+        self.task_ttl_s = task_ttl_s
         self.config = config
         self.clock = clock
         self.sleep = sleep
@@ -232,6 +250,45 @@ class StopService:
                 return
             self.sleep(wait)
             wait = min(POLL_MAX_S, wait * 2)
+
+    # -- operator stops: commit first, then reach n8n --------------------------------
+
+    def stop_workflow(
+        self, principal: Principal, mode: ExecutionMode, workflow: str, reason: str
+    ) -> tuple[Stop | None, Cancellation]:
+        """Stop a workflow (:meth:`ChainService.stop_workflow`), then its running
+        and waiting n8n executions of ``mode``, confirmed.
+
+        :raises Forbidden: not an admin token, or outside its scope (n8n is not asked).
+        """
+        ns = keys.namespace(mode)
+        stop = self.chains.stop_workflow(principal, ns, workflow, reason, stopped=True)
+        return stop, self.cancel_workflow(ns, mode, workflow, self.workflow_ttl_s)
+
+    def stop_chain(
+        self, principal: Principal, mode: ExecutionMode, chain_id: str, reason: str
+    ) -> tuple[ChainInfo, Cancellation]:
+        """Stop a chain (:meth:`ChainService.stop_chain`), then the n8n executions
+        of ``mode`` that acted for it; the record lives as long as the chain.
+
+        :raises Forbidden, NotFound: as :meth:`ChainService.stop_chain` (n8n is not asked).
+        """
+        ns = keys.namespace(mode)
+        info = self.chains.stop_chain(principal, ns, chain_id, reason, stopped=True)
+        ids = core.of_mode(info.chain.executions, mode)
+        ttl_s = info.chain.expires_at - self.clock()
+        return info, self.cancel_executions(ns, "chain", chain_id, mode, ids, ttl_s)
+
+    def stop_task(self, principal: Principal, ns: str, task_id: str) -> tuple[Task, Cancellation]:
+        """Stop a task (:meth:`TaskService.stop`), then the n8n executions that
+        acted for it, in the task's own mode.
+
+        :raises NotFound, Forbidden: as :meth:`TaskService.stop` (n8n is not asked).
+        """
+        task = self.tasks.stop(principal, ns, task_id)
+        mode: ExecutionMode = "test" if ns == keys.namespace("test") else "production"
+        ids = core.of_mode(self.tasks.watched(ns, task.task_id).get("executions", []), mode)
+        return task, self.cancel_executions(ns, "task", task.task_id, mode, ids, self.task_ttl_s)
 
     # -- after a stop committed -----------------------------------------------------
 
