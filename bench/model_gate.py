@@ -6,7 +6,9 @@
   sent to the fake upstream directly, for both APIs, with and without a
   proposed tool call (which the gate admits through the task guard);
 - streamed turns: the first-token delay, from the moment the fake upstream
-  writes its first text event to the moment the gate hands that event on.
+  writes its first text event to the moment the gate hands that event on,
+  in process and through ``loopstop serve`` (gunicorn, one worker) over
+  loopback HTTP, read as n8n's client reads a stream.
 
 Beside each case, the floor of a turn on the same store: a Flask route that
 reads and writes the task's document in one SQLite transaction (WAL,
@@ -143,24 +145,75 @@ def main(turns: int) -> None:
         for api in ("chat", "responses"):
             task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
             path, body = _body(api, task_id, stream=True)
-            delays = []
-            for i in range(min(turns, 200) + 10):
-                llm.first_text_at = None
+
+            def send(path: str = path, body: dict[str, Any] = body) -> Any:
                 resp = client.post("/v1/openai" + path, json=body, buffered=False)
-                seen = b""
-                arrived = None
-                for chunk in resp.response:
-                    seen += chunk
-                    if arrived is None and b"FINAL " in seen:
-                        arrived = time.perf_counter()
-                resp.close()
-                assert arrived is not None and llm.first_text_at is not None
-                if i >= 10:
-                    delays.append((arrived - llm.first_text_at) * 1000)
+                try:
+                    yield from resp.response
+                finally:
+                    resp.close()
+
+            delays = _first_token_delay(send, llm, min(turns, 200))
             print(
-                f"{api:34} {statistics.median(delays):20.2f}ms {_pct(delays, 90):6.2f}ms "
-                f"{max(delays):6.2f}ms"
+                f"{api + ', in process':34} {statistics.median(delays):20.2f}ms "
+                f"{_pct(delays, 90):6.2f}ms {max(delays):6.2f}ms"
             )
+        served_streams(llm, folder, min(turns, 200))
+
+
+def _first_token_delay(send: Any, llm: Any, rounds: int) -> list[float]:
+    """Milliseconds from the upstream writing its first text event to ``send``'s
+    iterator yielding the bytes that hold it, per round (the first 10 are warm-up)."""
+    delays = []
+    for i in range(rounds + 10):
+        llm.first_text_at = None
+        seen = b""
+        arrived = None
+        for chunk in send():
+            seen += chunk
+            if arrived is None and b"FINAL " in seen:
+                arrived = time.perf_counter()
+        assert arrived is not None and llm.first_text_at is not None
+        if i >= 10:
+            delays.append((arrived - llm.first_text_at) * 1000)
+    return delays
+
+
+def served_streams(llm: Any, folder: str, rounds: int) -> None:
+    """The first-token delay through ``loopstop serve`` (gunicorn, one worker) over HTTP."""
+    from test_serve import Sidecar
+
+    config = Path(folder) / "served.yaml"
+    config.write_text(
+        f"model_gate: {{upstream_url: '{llm.base}', timeout_s: 10}}\n"
+        "limits: {max_model_calls: 1000000, max_tokens: 10000000000}\n"
+    )
+    env = {
+        "LOOPSTOP_CONFIG": str(config),
+        "LOOPSTOP_STORE": f"sqlite:///{folder}/served.db",
+        "LOOPSTOP_SECRET": "bench-secret-0123456789abcdef",
+    }
+    server = Sidecar(Path(folder), env, workers=1).start()
+    try:
+        session = requests.Session()
+        for api in ("chat", "responses"):
+            task = session.post(server.base + "/v1/tasks", json={}, timeout=10).json()
+            path, body = _body(api, task["task"]["task_id"], stream=True)
+
+            def send(path: str = path, body: dict[str, Any] = body) -> Any:
+                with session.post(
+                    server.base + "/v1/openai" + path, json=body, stream=True, timeout=10
+                ) as r:
+                    assert r.status_code == 200, r.text
+                    yield from r.iter_content(chunk_size=None)
+
+            delays = _first_token_delay(send, llm, rounds)
+            print(
+                f"{api + ', loopstop serve over HTTP':34} {statistics.median(delays):20.2f}ms "
+                f"{_pct(delays, 90):6.2f}ms {max(delays):6.2f}ms"
+            )
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":
