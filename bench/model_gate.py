@@ -4,7 +4,10 @@
   in-process on a SQLite store, forwarding over HTTP to the local fake
   upstream of ``workflows-examples/stand-in/model.py``) minus the p50 / p90 of the same request
   sent to the fake upstream directly, for both APIs, with and without a
-  proposed tool call (which the gate admits through the task guard);
+  proposed tool call (which the gate admits through the task guard); a
+  fresh task every 20 turns (the default ``max_model_calls``), and, for
+  the tool call, also one task for every turn, whose growing call history
+  each admission reads and writes;
 - streamed turns: the first-token delay, from the moment the fake upstream
   writes its first text event to the moment the gate hands that event on,
   in process and through ``loopstop serve`` (gunicorn, one worker) over
@@ -40,6 +43,11 @@ from sidecar.app import create_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floors import sqlite_work
+
+#: Turns per task: the default ``max_model_calls``, so a task's call history stays
+#: the size a task under the default limits can reach (the "one task" rows keep
+#: one task for every turn, its history growing past 400 calls).
+TURNS_PER_TASK = 20
 
 
 def floor_app(folder: str, upstream: str) -> Flask:
@@ -109,35 +117,46 @@ def main(turns: int) -> None:
             f"{'case':34} {'upstream p50':>12} {'gate p50':>9} {'added p50':>10} {'added p90':>10}"
             f" {'floor added p50':>16} {'vs floor':>9}"
         )
-        for api in ("chat", "responses"):
-            for mode in ("final", "tool_call"):
-                llm.mode = mode
-                task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
-                path, body = _body(api, task_id)
-                own, through, floored = [], [], []
-                for i in range(turns + 20):
-                    t0 = time.perf_counter()
-                    r = direct.post(llm.base + path, json=body, timeout=10)
-                    t1 = time.perf_counter()
-                    g = client.post("/v1/openai" + path, json=body)
-                    t2 = time.perf_counter()
-                    f = floor.post("/v1/openai" + path, json=body)
-                    t3 = time.perf_counter()
-                    assert r.status_code == 200 and g.status_code == 200, g.get_data()
-                    assert f.status_code == 200
-                    if i >= 20:  # warm-up excluded
-                        own.append((t1 - t0) * 1000)
-                        through.append((t2 - t1) * 1000)
-                        floored.append((t3 - t2) * 1000)
-                added = [b - a for a, b in zip(own, through, strict=True)]
-                floor_added = [b - a for a, b in zip(own, floored, strict=True)]
-                name = f"{api}, {'tool call admitted' if mode == 'tool_call' else 'text answer'}"
-                print(
-                    f"{name:34} {_pct(own, 50):10.2f}ms {_pct(through, 50):7.2f}ms "
-                    f"{statistics.median(added):8.2f}ms {_pct(added, 90):8.2f}ms "
-                    f"{statistics.median(floor_added):14.2f}ms "
-                    f"{statistics.median(floor_added) / statistics.median(added):9.2f}"
-                )
+        cases = [
+            (api, mode, per_task)
+            for api in ("chat", "responses")
+            for mode, per_task in (
+                ("final", TURNS_PER_TASK),
+                ("tool_call", TURNS_PER_TASK),
+                ("tool_call", None),
+            )
+        ]
+        for api, mode, per_task in cases:
+            llm.mode = mode
+            own, through, floored = [], [], []
+            for i in range(turns + 20):
+                if i == 0 or (per_task is not None and i % per_task == 0):
+                    task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
+                    path, body = _body(api, task_id)
+                t0 = time.perf_counter()
+                r = direct.post(llm.base + path, json=body, timeout=10)
+                t1 = time.perf_counter()
+                g = client.post("/v1/openai" + path, json=body)
+                t2 = time.perf_counter()
+                f = floor.post("/v1/openai" + path, json=body)
+                t3 = time.perf_counter()
+                assert r.status_code == 200 and g.status_code == 200, g.get_data()
+                assert f.status_code == 200
+                if i >= 20:  # warm-up excluded
+                    own.append((t1 - t0) * 1000)
+                    through.append((t2 - t1) * 1000)
+                    floored.append((t3 - t2) * 1000)
+            added = [b - a for a, b in zip(own, through, strict=True)]
+            floor_added = [b - a for a, b in zip(own, floored, strict=True)]
+            name = f"{api}, {'tool call admitted' if mode == 'tool_call' else 'text answer'}"
+            if per_task is None:
+                name = f"{api}, tool call, one task"
+            print(
+                f"{name:34} {_pct(own, 50):10.2f}ms {_pct(through, 50):7.2f}ms "
+                f"{statistics.median(added):8.2f}ms {_pct(added, 90):8.2f}ms "
+                f"{statistics.median(floor_added):14.2f}ms "
+                f"{statistics.median(floor_added) / statistics.median(added):9.2f}"
+            )
         llm.requests.clear()
         print()
         print(f"{'stream':34} {'first-token delay p50':>22} {'p90':>8} {'max':>8}")
