@@ -650,10 +650,13 @@ def test_postgres_counts_a_conflict_and_retries(
         return losing(snap)
 
     conflicts = metrics.STORE_CONFLICTS._value.get()
+    trips = metrics.STORE_ROUND_TRIPS._value.get()
     assert store.transact(["k"], fn) == 10
     assert calls == [1, 10]
     assert store.get("k") == {"n": 11}
     assert metrics.STORE_CONFLICTS._value.get() - conflicts == 1
+    # a read and a commit per attempt (the first commit lost), plus the 2 of the writer it raced
+    assert metrics.STORE_ROUND_TRIPS._value.get() - trips == 6
     if isolation == "cas":
         assert locks == [[], ["ExclusiveLock"]]
     assert _advisory_locks(postgres_server.url) == []  # released at commit

@@ -28,8 +28,10 @@ and never compared. Locks are held only while that one pipeline runs on the
 server, never across the client's decision: a slow or descheduled worker
 thread never holds others up. ``?isolation=serializable`` (reads and writes
 in one ``SERIALIZABLE`` transaction, serialization failures retried) is kept
-for comparison; ``bench/pg_strategy.py`` measures the three designs (the
-README has the figures and why this one is the default).
+for comparison; ``bench/pg_strategy.py`` measures the two side by side
+(docs/deployment.md has its figures, and those of a third design, locks
+held across the decision, measured before it was replaced, and why this one
+is the default).
 
 Round trips: two per decision (the read; the commit pipeline), one more
 for a key first read inside the function; a decision that writes nothing
@@ -457,7 +459,8 @@ class PostgresStore(Store):
             if isinstance(exc, pgerrors.InvalidParameterValue):
                 raise RuntimeError(f"increment: {exc.diag.message_primary}") from exc
             raise
-        metrics.STORE_ROUND_TRIPS.inc()
+        finally:
+            metrics.STORE_ROUND_TRIPS.inc()  # a pipeline that lost was a round trip too
         return plan
 
     @staticmethod
