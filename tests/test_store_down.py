@@ -367,6 +367,35 @@ def test_readyz_probes_a_write_and_names_no_path(tmp_path: Path) -> None:
     assert status == 503 and str(tmp_path) not in body["detail"]
 
 
+def test_read_only_postgres_is_not_ready_and_admits_nothing(
+    postgres_server: PostgresServer,
+) -> None:
+    """A database that only reads (a standby, or ``default_transaction_read_only``):
+    /readyz is 503 (its probe writes) and a begin is a 503 that stored nothing."""
+    import psycopg
+
+    postgres_server.reset()
+    app = create_app({"store": postgres_server.url}, environ={"LOOPSTOP_SECRET": SECRET})
+    api = Api(app.test_client(), token=None)
+    assert api.get("/readyz")[0] == 200
+    store = app.extensions["loopstop"].store
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        conn.execute("ALTER DATABASE postgres SET default_transaction_read_only = on")
+    try:
+        store.close()  # the next connections open read-only
+        status, body = api.get("/readyz")
+        assert status == 503 and body["type"].endswith("store-unavailable"), body
+        status, body = api.post("/v1/operations/ro/begin", {"payload": 1})
+        assert status == 503 and postgres_server.url not in body["detail"], body
+    finally:
+        with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+            conn.execute("SET default_transaction_read_only = off")  # this session writes
+            conn.execute("ALTER DATABASE postgres RESET default_transaction_read_only")
+    store.close()  # and they open read-write again
+    assert api.get("/v1/operations/ro")[0] == 404  # nothing was stored
+    store.close()
+
+
 def test_serve_on_postgres_creates_the_schema_and_refuses_a_newer_one(
     postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
