@@ -1,5 +1,5 @@
 """Ways around the exactly-once core that an attack found (issue "Hardening"),
-each through real requests on both stores: web pages driving the sidecar,
+each through real requests on every store: web pages driving the sidecar,
 unknown writes settled without the system of record, ids that cross
 workflows, open operations that pile up, unscoped checks, operator-page
 sessions, inexact names and numbers, unlogged authentication failures."""
