@@ -501,13 +501,9 @@ def test_redis_reads_afresh_after_backing_off(
     store.close()
 
 
-def test_redis_hot_key_never_gives_up(redis_server: RedisServer) -> None:
-    """Thirty-two threads bump one document as fast as they can: every bump lands
-    (none gives up after its retries), and none is lost. The decision deadline is
-    raised from 2 s to 10 s: on a loaded 2-core machine 32 threads queue on the
-    interpreter lock longer than that, which is the deadline's job, not this test's."""
-    redis_server.client().flushdb()
-    store = RedisStore(redis_server.url, timeout_s=10.0)
+def _hammer_one_key(store: Store, bumps_per_thread: int, threads: int = 32) -> None:
+    """``threads`` threads bump one document ``bumps_per_thread`` times each:
+    every bump lands (none gives up after its retries) and none is lost."""
     put(store, "hot", {"n": 0})
 
     def bump(snap: Snapshot) -> Plan[None]:
@@ -515,14 +511,24 @@ def test_redis_hot_key_never_gives_up(redis_server: RedisServer) -> None:
         return Plan(None, {"hot": Write({"n": n})})
 
     def worker(_: int) -> int:
-        for _i in range(100):
+        for _i in range(bumps_per_thread):
             store.transact(["hot"], bump)
-        return 100
+        return bumps_per_thread
 
-    with ThreadPoolExecutor(32) as pool:
-        done = sum(pool.map(worker, range(32)))
-    assert done == 3200
-    assert store.get("hot") == {"n": 3200}
+    with ThreadPoolExecutor(threads) as pool:
+        done = sum(pool.map(worker, range(threads)))
+    assert done == threads * bumps_per_thread
+    assert store.get("hot") == {"n": threads * bumps_per_thread}
+
+
+def test_redis_hot_key_never_gives_up(redis_server: RedisServer) -> None:
+    """Thirty-two threads bump one document as fast as they can: every bump lands
+    (none gives up after its retries), and none is lost. The decision deadline is
+    raised from 2 s to 10 s: on a loaded 2-core machine 32 threads queue on the
+    interpreter lock longer than that, which is the deadline's job, not this test's."""
+    redis_server.client().flushdb()
+    store = RedisStore(redis_server.url, timeout_s=10.0)
+    _hammer_one_key(store, bumps_per_thread=100)
     store.close()
 
 
@@ -668,21 +674,7 @@ def test_postgres_hot_key_never_gives_up(postgres_server: PostgresServer) -> Non
     connections: every bump lands (none gives up after its retries) and none is
     lost. The deadline is 10 s, as in the Redis test, for a loaded 2-core machine."""
     store = _postgres(postgres_server, "?pool_size=8", timeout_s=10.0)
-    put(store, "hot", {"n": 0})
-
-    def bump(snap: Snapshot) -> Plan[None]:
-        n = (snap.get("hot") or {"n": 0})["n"] + 1
-        return Plan(None, {"hot": Write({"n": n})})
-
-    def worker(_: int) -> int:
-        for _i in range(25):
-            store.transact(["hot"], bump)
-        return 25
-
-    with ThreadPoolExecutor(32) as pool:
-        done = sum(pool.map(worker, range(32)))
-    assert done == 800
-    assert store.get("hot") == {"n": 800}
+    _hammer_one_key(store, bumps_per_thread=25)
     store.close()
 
 

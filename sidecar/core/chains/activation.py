@@ -187,17 +187,7 @@ def decide_activation(
             state, req, limits, now, link[0], depth, ActivationReason.REENTRY, subject_times
         )
     # 6. new work
-    fresh = Chain(
-        chain_id=req.new_chain_id,
-        workflow=req.workflow,
-        depth=0,
-        activations=0,
-        drops=0,
-        effects=0,
-        created_at=now,
-        updated_at=now,
-        expires_at=now + limits.chain_ttl_s,
-    )
+    fresh = Chain.fresh(req.new_chain_id, req.workflow, now, limits.chain_ttl_s)
     reason = ActivationReason.EXTERNAL_CHANGE if external else ActivationReason.NEW_CHAIN
     return _proceed(state, req, limits, now, fresh, 0, reason, subject_times)
 

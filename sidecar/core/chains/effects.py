@@ -45,17 +45,7 @@ def register_effect(
     :returns: the updated chain and the effect.
     """
     if chain is None or not chain.alive(now):
-        chain = Chain(
-            chain_id=req.new_chain_id,
-            workflow=req.workflow,
-            depth=0,
-            activations=0,
-            drops=0,
-            effects=0,
-            created_at=now,
-            updated_at=now,
-            expires_at=now + limits.chain_ttl_s,
-        )
+        chain = Chain.fresh(req.new_chain_id, req.workflow, now, limits.chain_ttl_s)
     chain = replace(chain, effects=chain.effects + 1, updated_at=now)
     chain = chain.with_execution(req.execution_id, req.execution_mode, now)
     expires_at = now + req.ttl_s if req.ttl_s is not None else chain.expires_at

@@ -85,6 +85,21 @@ class Chain:
     recent: tuple[dict[str, Any], ...] = ()
     executions: tuple[dict[str, Any], ...] = ()
 
+    @classmethod
+    def fresh(cls, chain_id: str, workflow: str, now: float, ttl_s: float) -> Chain:
+        """A chain that starts now at depth 0 and lives ``ttl_s`` seconds."""
+        return cls(
+            chain_id=chain_id,
+            workflow=workflow,
+            depth=0,
+            activations=0,
+            drops=0,
+            effects=0,
+            created_at=now,
+            updated_at=now,
+            expires_at=now + ttl_s,
+        )
+
     def alive(self, now: float) -> bool:
         return now < self.expires_at
 
