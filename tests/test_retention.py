@@ -120,20 +120,28 @@ def _expired_rows(url: str, now: float) -> int:
     return int(row[0])
 
 
-def test_postgres_stays_bounded_by_its_periodic_sweep(postgres_server: PostgresServer) -> None:
-    """900 decisions at one per second with two-minute retentions on PostgreSQL,
-    no ``purge``: the sweep that runs after a decision once ``sweep_interval_s``
-    has passed keeps the row count flat and leaves no expired row behind."""
+def _postgres_app(
+    postgres_server: PostgresServer, sweep_interval_s: float
+) -> tuple[Clock, PostgresStore, Api]:
+    """An emptied PostgreSQL store sweeping every ``sweep_interval_s`` seconds,
+    its clock and an app over it with short retentions."""
     postgres_server.reset()
     clock = Clock()
-    store = PostgresStore(f"{postgres_server.url}?sweep_interval_s=0.001", clock=clock)
+    store = PostgresStore(f"{postgres_server.url}?sweep_interval_s={sweep_interval_s}", clock=clock)
     app = create_app(
         {"store": postgres_server.url, **SHORT},
         environ={"LOOPSTOP_SECRET": SECRET},
         clock=clock,
         store=store,
     )
-    api = Api(app.test_client(), token=None)
+    return clock, store, Api(app.test_client(), token=None)
+
+
+def test_postgres_stays_bounded_by_its_periodic_sweep(postgres_server: PostgresServer) -> None:
+    """900 decisions at one per second with two-minute retentions on PostgreSQL,
+    no ``purge``: the sweep that runs after a decision once ``sweep_interval_s``
+    has passed keeps the row count flat and leaves no expired row behind."""
+    clock, store, api = _postgres_app(postgres_server, sweep_interval_s=0.001)
     sizes = _run_decisions(api, clock, 900, {449, 899}, store)
     print(f"postgres rows after 450 decisions: {sizes[449]}, after 900: {sizes[899]}")
     assert sizes[899] <= sizes[449] * 1.2
@@ -149,16 +157,7 @@ def test_postgres_purge_deletes_every_expired_record(
 ) -> None:
     """Expired rows stay until the sweep's interval has passed (an hour here), and
     ``loopstop purge`` deletes every one of them at once."""
-    postgres_server.reset()
-    clock = Clock()
-    store = PostgresStore(f"{postgres_server.url}?sweep_interval_s=3600", clock=clock)
-    app = create_app(
-        {"store": postgres_server.url, **SHORT},
-        environ={"LOOPSTOP_SECRET": SECRET},
-        clock=clock,
-        store=store,
-    )
-    api = Api(app.test_client(), token=None)
+    clock, store, api = _postgres_app(postgres_server, sweep_interval_s=3600)
     for i in range(300):
         api.post("/v1/activations", {"workflow": "wf", "event_key": f"e{i}", "content": {"i": i}})
     rows = store.row_count()
