@@ -35,12 +35,13 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run  # noqa: E402  (bench/run.py: servers, wrk, the routes' scripts)
+import run  # bench/run.py: servers, wrk, the routes' scripts
 
 #: (part, patterns) in the order a frame is matched; a pattern is a substring of
-#: the frame's file path as py-spy names it, after a leading ``/`` (``redis/client.py``
-#: is matched by ``/redis/``, ``sidecar/store/redis.py`` is not). Frames that match none (``json``, ``threading``,
-#: ``socket``, ``hmac``...) count for the caller that does.
+#: the frame's file path as py-spy names it, after a leading ``/``
+#: (``redis/client.py`` is matched by ``/redis/``, ``sidecar/store/redis.py`` is not).
+#: Frames that match none (``json``, ``threading``, ``socket``, ``hmac``...)
+#: count for the caller that does.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("store client (redis-py, psycopg)", ("/redis/", "/psycopg/", "/psycopg_pool/")),
     ("body validation (pydantic)", ("/pydantic/", "/pydantic_core/", "/sidecar/api/body.py")),
@@ -74,8 +75,10 @@ def profile(pid: int, seconds: int, rate: int, out: Path) -> subprocess.Popen[by
     """Start sampling ``pid`` for ``seconds`` (py-spy, raw stacks into ``out``)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen(
-        [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", str(rate), "--gil"]
-        + ["-f", "raw", "-o", str(out), "--nonblocking"],
+        [
+            *(spy, "record", "-p", str(pid), "-d", str(seconds), "-r", str(rate), "--gil"),
+            *("-f", "raw", "-o", str(out), "--nonblocking"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -136,8 +139,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="loopstop-profile-"))
     redis_port = run.free_port()
     redis_proc = subprocess.Popen(
-        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1"]
-        + ["--save", "", "--appendonly", "no", "--dir", str(tmp)],
+        [
+            *("redis-server", "--port", str(redis_port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--dir", str(tmp)),
+        ],
         stdout=subprocess.DEVNULL,
     )
     client = redis.Redis(port=redis_port, decode_responses=True)
