@@ -78,7 +78,8 @@ MODEL_TURNS = Counter(
     "loopstop_model_turns_total", "Model-gate turns, admitted or denied.", ["decision"]
 )
 STORE_ROUND_TRIPS = Counter(
-    "loopstop_store_round_trips_total", "Requests sent to a Redis store (one per round trip)."
+    "loopstop_store_round_trips_total",
+    "Requests sent to a Redis or PostgreSQL store (one per round trip).",
 )
 STORE_CONFLICTS = Counter(
     "loopstop_store_conflicts_total",

@@ -1,5 +1,5 @@
 """Bad input: the right status, a problem+json body naming the field, and the
-ledger unchanged afterwards (both stores)."""
+ledger unchanged afterwards (every store)."""
 
 from __future__ import annotations
 

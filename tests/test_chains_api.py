@@ -1,4 +1,4 @@
-"""Activations, effects, chains and stops through the HTTP API, on both stores."""
+"""Activations, effects, chains and stops through the HTTP API, on every store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks against a real local system of record, on both stores: exits are
+"""Checks against a real local system of record, on every store: exits are
 validated, a check never passes by default, placeholders stay in the path."""
 
 from __future__ import annotations

@@ -168,6 +168,9 @@ def test_check_config_ok_and_errors(tmp_path: Path) -> None:
         ({"LOOPSTOP_STORE": "mongodb://x"}, "unknown store scheme"),
         ({"LOOPSTOP_STORE": "sqlite://two-slashes.db"}, "three or four slashes"),
         ({"LOOPSTOP_STORE": "sqlite:///x.db?busy_timeout_s=abc"}, "positive number"),
+        ({"LOOPSTOP_STORE": "postgresql://u@h/db?pool_size=2.5"}, "positive integer"),
+        ({"LOOPSTOP_STORE": "postgresql://u@h/db?isolation=dirty"}, "cas or serializable"),
+        ({"LOOPSTOP_STORE": "postgres://u@h/db?sweep_interval_s=0"}, "positive number"),
         ({"LOOPSTOP_BIND": "nonsense"}, "LOOPSTOP_BIND"),
         ({"LOOPSTOP_LOG_LEVEL": "CHATTY"}, "LOOPSTOP_LOG_LEVEL"),
     ):

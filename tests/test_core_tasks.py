@@ -840,3 +840,112 @@ def test_the_docs_table_of_limits_is_the_code() -> None:
 def test_every_counted_limit_has_a_row_that_fires() -> None:
     reasons = {row[4] for row in FIRES}
     assert {EndReason(r.reason) for r in LIMITS} <= reasons
+
+
+# -- the docs table of limits, against the behaviour -------------------------------
+#
+# The test above checks that the table is the core's declaration (LIMITS); this
+# one checks that the declaration is the behaviour. Every row of the table is
+# read as a claim and run: at which counted step the limit fires ("N allowed,
+# the N+1-th denied" unless the row says "the N-th ..."), whether creating the
+# task again under its task_key continues the count, whether a resume restarts
+# it, and whether progress (a higher validated revision) restarts it.
+
+N = 2
+
+#: Every other limit out of the way.
+LOOSE = TaskLimits(
+    max_model_calls=10_000, max_tool_calls=10_000, max_same_call=10_000, max_idle=10_000,
+    max_cycle_repeats=10_000, max_polls=10_000, max_unchanged_polls=10_000, max_retries=10_000,
+    deadline_s=1e9, poll_deadline_s=1e9, max_tokens=10**9,
+)  # fmt: skip
+
+
+def _unit(name: str, i: int, rev: int) -> list[tuple[Any, ...]]:
+    """The steps of the i-th counted event of limit ``name`` (from 1) in a task
+    at validated revision ``rev``."""
+    poll = ("poll", "job", {"id": 1})
+    return {
+        "max_model_calls": [("model",)],
+        "max_tool_calls": [read("t", i), ok(i)],
+        "per_tool": [read("A", i), ok(i)],
+        "max_same_call": [read("A", 0), ok("same")],
+        "max_idle": [read("A", i), ok(i, revision=rev)],
+        "max_cycle_repeats": [read("A"), ok(f"a{i}"), read("B"), ok(f"b{i}")],
+        "max_polls": [poll, ok(i)],
+        "max_unchanged_polls": [poll, ok(40)],
+        "max_retries": [read("A"), ("retryable", {})],
+        "deadline_s": [("advance", 1), read("A", i), ok(i)],
+        "poll_deadline_s": [("advance", 1), poll, ok(i)],
+        "max_tokens": [("model", 1)],
+        "max_cost": [("model", None, 1.0)],
+    }[name]
+
+
+#: Steps before the first counted event: an unchanged poll needs a first poll,
+#: and the poll deadline counts from the first poll.
+_PREAMBLE = {
+    "max_unchanged_polls": [("poll", "job", {"id": 1}), ok(40)],
+    "poll_deadline_s": [("poll", "job", {"id": 1}), ok(0)],
+}
+
+
+def _limited(name: str) -> TaskLimits:
+    if name == "per_tool":
+        return replace(LOOSE, per_tool={"A": N})
+    return replace(LOOSE, **{name: float(N) if name == "max_cost" else N})
+
+
+def _fires_at(agent: Agent, name: str, reason: str, first: int, gap: list[Any]) -> int | None:
+    """Run counted events from number ``first``, ``gap`` before each; the
+    number of the event (from 1) at which the task ends with ``reason``."""
+    for n in range(1, 3 * N + 3):
+        at, why = agent.run([*gap, *_unit(name, first + n, agent.task.validated_revision)])
+        if at is not None:
+            assert why is not None and str(why) == reason, (name, n, why)
+            return n
+    return None
+
+
+def _claimed_step(counts: str) -> int:
+    """The counted event at which a row says its limit fires."""
+    says_nth = (
+        "the N-th" in counts or "once they reach N" in counts or "at N or later" in counts
+    )  # fmt: skip
+    return N if says_nth else N + 1
+
+
+@pytest.mark.parametrize("row", _limits_table(), ids=lambda row: row[0])
+def test_each_row_of_the_docs_table_is_the_behaviour(row: list[str]) -> None:
+    name, reason, _, counts, scope, across, restarts = row
+    claimed = _claimed_step(counts)
+
+    agent = Agent(_limited(name))
+    agent.run(_PREAMBLE.get(name, []))
+    assert _fires_at(agent, name, reason, 0, []) == claimed, f"{name}: {counts}"
+
+    # across activations: the task created again before every event
+    agent = Agent(_limited(name))
+    agent.run(_PREAMBLE.get(name, []))
+    again = _fires_at(agent, name, reason, 0, [("again",)])
+    assert (again == claimed) is (across == "yes"), f"{name}: across activations {across}"
+
+    # a resume: restarts the count (fires at the same step again) or keeps it (at once)
+    agent.run([("resume",)])
+    after = _fires_at(agent, name, reason, 100, [])
+    if restarts == "yes":
+        assert after is not None and after >= N, f"{name}: a resume restarts it, fired at {after}"
+    else:
+        assert after == 1, f"{name}: a resume keeps it, fired at {after}"
+
+    # progress: a higher validated revision before the last counted event
+    if name in ("max_tool_calls", "max_unchanged_polls"):
+        return  # the progress read is itself a tool call / not a poll result
+    agent = Agent(_limited(name))
+    agent.run(_PREAMBLE.get(name, []))
+    agent.run([step for i in range(1, claimed) for step in _unit(name, i, 0)])
+    assert agent.task.envelope is None
+    agent.run([read("progress"), ok("p", revision=agent.task.validated_revision + 1)])
+    restarted = _fires_at(agent, name, reason, 50, []) != 1
+    by_progress = scope in ("per revision", "since the last progress", "in a row")
+    assert restarted is by_progress, f"{name}: scope {scope}"

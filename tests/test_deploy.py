@@ -117,6 +117,11 @@ def test_compose_profile_runs_loopstop_on_postgres() -> None:
     check_store_url(url.replace("${POSTGRES_PASSWORD:-loopstop-change-me}", "pw"))
     assert sidecar["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
+    # The same configuration file as the Redis sidecar's, so the same upstream and variables.
+    redis_sidecar = services["loopstop"]
+    assert sidecar["volumes"] == redis_sidecar["volumes"]
+    assert set(sidecar["depends_on"]) - {"postgres"} == set(redis_sidecar["depends_on"]) - {"redis"}
+    assert set(sidecar["environment"]) == set(redis_sidecar["environment"])
 
 
 def test_alert_rules_use_exported_metrics(make_app: AppFactory) -> None:

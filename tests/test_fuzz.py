@@ -1,5 +1,5 @@
 """Schemathesis against /openapi.json of a served sidecar: no 5xx, every error
-documented and typed as the document says (problem+json), on both stores.
+documented and typed as the document says (problem+json), on every store.
 
 CI runs a short pass; the full run (thousands of cases) is in README "Reliability":
     LOOPSTOP_FUZZ_EXAMPLES=100 ./scripts/test tests/test_fuzz.py -s

@@ -1,5 +1,5 @@
 """Ways around the exactly-once core that an attack found (issue "Hardening"),
-each through real requests on both stores: web pages driving the sidecar,
+each through real requests on every store: web pages driving the sidecar,
 unknown writes settled without the system of record, ids that cross
 workflows, open operations that pile up, unscoped checks, operator-page
 sessions, inexact names and numbers, unlogged authentication failures."""
@@ -469,6 +469,22 @@ def test_reconcile_input_or_receipt_over_16_kib_is_413(
 
 
 # -- 10. checks are scoped and bounded ------------------------------------------
+
+
+def test_a_scoped_token_lists_only_the_checks_it_may_run(
+    make_app: AppFactory, sor: SystemOfRecord
+) -> None:
+    api = Api(make_app(checks=checks(sor.base)).test_client())
+    scoped = Api(api.client, SCOPED_TOKEN)
+    status, body = scoped.get("/v1/checks")
+    assert status == 200
+    listed = {c["name"] for c in body["checks"]}
+    assert "order_open" in listed
+    assert not listed & {"order_of_orders", "order_unlisted"}  # never learned of
+    status, body = api.get("/v1/checks")
+    assert {"order_open", "order_of_orders", "order_unlisted"} <= {
+        c["name"] for c in body["checks"]
+    }
 
 
 def test_a_scoped_token_outside_a_checks_workflows_fetches_nothing(

@@ -329,7 +329,9 @@ def test_text_is_relayed_before_the_upstream_has_finished(
     llm.hold.set()
     rest = b"".join(chunks)
     r.close()
-    assert llm.stream_done.is_set()
+    # the upstream sent the rest (the gate may finish at its final event, before the
+    # upstream's own thread has marked it: wait for the mark instead of racing it)
+    assert llm.stream_done.wait(5)
     assert (b'"function_call"' if which == "responses" else b'"tool_calls"') in rest
 
 
@@ -766,6 +768,35 @@ def test_concurrent_turns_of_one_task_never_overspend(make_app: AppFactory, llm:
     assert set(statuses) <= {200, 504}
     assert len(llm.requests) <= 2
     assert used(api, a.id)["cost"] <= 12
+
+
+def test_concurrent_answered_turns_settle_within_the_budget(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """Eight turns at once that the upstream answers (after 2 s, each costing 3 and
+    reserving 5) against max_cost 12: the in-flight reservations refuse all but two,
+    the two settle their real cost, and the money spent never passes the budget."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    app = gate_app(make_app, llm, model_gate={**PRICED, "timeout_s": 10})
+    api = Api(app.test_client())
+    a = Agent(api, limits={"max_cost": 12})
+    llm.mode = "slow"
+
+    def one(_: int) -> tuple[int, str]:
+        status, out = Api(app.test_client()).post(*build("chat", a.id, max_tokens=5))
+        return status, text_of("chat", out)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(8)))
+    assert {status for status, _ in answers} == {200}
+    forwarded = len(llm.requests)
+    assert forwarded == 2  # 5 + 5 reserved at once; a third would make 15
+    refused = [text for _, text in answers if "partial (cost_budget)" in text]
+    assert len(refused) == 8 - forwarded
+    spent = used(api, a.id)
+    assert spent["cost"] == 3.0 * forwarded <= 12
+    assert spent["model_calls"] == forwarded
 
 
 @pytest.mark.parametrize(

@@ -7,15 +7,15 @@ loopstop stop holds whatever n8n does."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from fake_n8n import FakeExecution, FakeN8n, FakeN8nServer
 from flask import Flask
 
-from conftest import ADMIN_TOKEN, Api, AppFactory, free_port
+from conftest import ADMIN_TOKEN, Api, AppFactory, free_port, sql_rows
 
 KEY = "n8n-api-key-0123456789"
 
@@ -379,17 +379,23 @@ def test_the_executions_of_a_task_are_kept_as_long_as_the_task(
 ) -> None:
     """The record of the executions that acted for a task expires with the task: when the
     task ends (its time to live shrinks to the retention) and when a resume extends it."""
-    if not store_url.startswith("sqlite"):
-        pytest.skip("reads the expiry of the SQLite rows")
     api = admin(build(make_app, n8n.api_url))
     status, task = api.post("/v1/tasks", {"workflow": "wf-a", "execution_id": "41"})
     assert status == 201, task
     tid = task["task"]["task_id"]
-    db = sqlite3.connect(store_url.removeprefix("sqlite:///"))
 
     def expiries() -> tuple[float, float]:
-        rows = dict(db.execute("SELECT key, expires_at FROM kv").fetchall())
-        return rows[f"p:task:{tid}"], rows[f"p:taskwatch:{tid}"]
+        """The expiry of the task and of its executions' record: the rows'
+        ``expires_at`` (SQL stores), the seconds Redis still keeps each key."""
+        keys = (f"p:task:{tid}", f"p:taskwatch:{tid}")
+        if store_url.startswith("redis"):
+            client = redis.Redis.from_url(store_url)
+            left = [client.pttl(f"loopstop:{key}") / 1000 for key in keys]
+            client.close()
+            assert min(left) > 0, left  # both keys are there, with a time to live
+            return left[0], left[1]
+        rows = {key: expires for key, _, expires in sql_rows(store_url, "kv")}
+        return rows[keys[0]], rows[keys[1]]
 
     assert expiries()[1] == pytest.approx(expiries()[0], abs=1)
     api.post(f"/v1/tasks/{tid}/stop", {"reason": "operator"})  # ended: kept for the retention

@@ -1,4 +1,4 @@
-"""The ledger through the HTTP API, on both stores: every row of DESIGN §1,
+"""The ledger through the HTTP API, on every store: every row of DESIGN §1,
 fencing, reconciliation, the queue, scopes and the test namespace."""
 
 from __future__ import annotations

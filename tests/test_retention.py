@@ -1,14 +1,20 @@
-"""Retention: every record expires; the SQLite store stays bounded under a long run."""
+"""Retention: every record expires; the SQLite and PostgreSQL stores stay bounded
+under a long run (their periodic sweeps) and ``loopstop purge`` empties them of
+expired records."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from conftest import SECRET, Api, Clock
+import psycopg
+
+from conftest import SECRET, Api, Clock, PostgresServer
 from sidecar.app import create_app
+from sidecar.store.postgres import PostgresStore
 from sidecar.store.sqlite import SQLiteStore
 
 SHORT = {
@@ -25,20 +31,13 @@ SHORT = {
 }
 
 
-def test_sqlite_stays_bounded_under_a_long_synthetic_run(tmp_path: Path) -> None:
-    """5,000 decisions at one per second with two-minute retentions: the
-    automatic sweep keeps the row count flat instead of growing with the run."""
-    clock = Clock()
-    store = SQLiteStore(tmp_path / "loopstop.db", clock=clock)
-    app = create_app(
-        {"store": f"sqlite:///{tmp_path}/loopstop.db", **SHORT},
-        environ={"LOOPSTOP_SECRET": SECRET},
-        clock=clock,
-        store=store,
-    )
-    api = Api(app.test_client(), token=None)
+def _run_decisions(
+    api: Api, clock: Clock, count: int, sizes_at: set[int], store: SQLiteStore | PostgresStore
+) -> dict[int, int]:
+    """``count`` decisions at one per second (activations, begin+commit in turn);
+    the store's row count after each decision in ``sizes_at``."""
     sizes = {}
-    for i in range(5000):
+    for i in range(count):
         if i % 2:
             api.post(
                 "/v1/activations",
@@ -53,8 +52,24 @@ def test_sqlite_stays_bounded_under_a_long_synthetic_run(tmp_path: Path) -> None
             api.begin(f"op-{i}", {"i": i})
             api.post(f"/v1/operations/op-{i}/commit", {"attempt": 1, "receipt": i})
         clock.advance(1)
-        if i in (2499, 4999):
+        if i in sizes_at:
             sizes[i] = store.row_count()
+    return sizes
+
+
+def test_sqlite_stays_bounded_under_a_long_synthetic_run(tmp_path: Path) -> None:
+    """5,000 decisions at one per second with two-minute retentions: the
+    automatic sweep keeps the row count flat instead of growing with the run."""
+    clock = Clock()
+    store = SQLiteStore(tmp_path / "loopstop.db", clock=clock)
+    app = create_app(
+        {"store": f"sqlite:///{tmp_path}/loopstop.db", **SHORT},
+        environ={"LOOPSTOP_SECRET": SECRET},
+        clock=clock,
+        store=store,
+    )
+    api = Api(app.test_client(), token=None)
+    sizes = _run_decisions(api, clock, 5000, {2499, 4999}, store)
     print(f"rows after 2,500 decisions: {sizes[2499]}, after 5,000: {sizes[4999]}")
     assert sizes[4999] <= sizes[2499] * 1.2
     assert sizes[4999] < 2000  # ~ what two minutes of traffic leave, not 5,000 x 3
@@ -93,3 +108,83 @@ def test_purge_deletes_every_expired_record(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "purged" in out.stdout
     assert store.row_count() == 0  # activations keep nothing without a TTL
+
+
+def _expired_rows(url: str, now: float) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM loopstop_kv WHERE expires_at IS NOT NULL AND expires_at <= %s",
+            (now,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _postgres_app(
+    postgres_server: PostgresServer, sweep_interval_s: float
+) -> tuple[Clock, PostgresStore, Api]:
+    """An emptied PostgreSQL store sweeping every ``sweep_interval_s`` seconds,
+    its clock and an app over it with short retentions."""
+    postgres_server.reset()
+    clock = Clock()
+    store = PostgresStore(f"{postgres_server.url}?sweep_interval_s={sweep_interval_s}", clock=clock)
+    app = create_app(
+        {"store": postgres_server.url, **SHORT},
+        environ={"LOOPSTOP_SECRET": SECRET},
+        clock=clock,
+        store=store,
+    )
+    return clock, store, Api(app.test_client(), token=None)
+
+
+def test_postgres_stays_bounded_by_its_periodic_sweep(postgres_server: PostgresServer) -> None:
+    """900 decisions at one per second with two-minute retentions on PostgreSQL,
+    no ``purge``: the sweep that runs after a decision once ``sweep_interval_s``
+    has passed keeps the row count flat and leaves no expired row behind."""
+    clock, store, api = _postgres_app(postgres_server, sweep_interval_s=0.001)
+    sizes = _run_decisions(api, clock, 900, {449, 899}, store)
+    print(f"postgres rows after 450 decisions: {sizes[449]}, after 900: {sizes[899]}")
+    assert sizes[899] <= sizes[449] * 1.2
+    assert sizes[899] < 1000  # ~ what two minutes of traffic leave, not 900 x 3
+    time.sleep(0.01)
+    api.begin("one-more", {"i": -1})  # the sweep runs after this decision
+    assert _expired_rows(postgres_server.url, clock.now) == 0
+    store.close()
+
+
+def test_postgres_purge_deletes_every_expired_record(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """Expired rows stay until the sweep's interval has passed (an hour here), and
+    ``loopstop purge`` deletes every one of them at once."""
+    clock, store, api = _postgres_app(postgres_server, sweep_interval_s=3600)
+    for i in range(300):
+        api.post("/v1/activations", {"workflow": "wf", "event_key": f"e{i}", "content": {"i": i}})
+    rows = store.row_count()
+    assert rows > 300
+    clock.advance(86400)  # every record has expired, for the store's clock
+    api.post("/v1/activations", {"workflow": "wf", "event_key": "late", "content": {}})
+    assert _expired_rows(postgres_server.url, clock.now) >= rows  # not swept within the hour
+    # The command reads the real clock: move every deadline into the past.
+    with psycopg.connect(postgres_server.url) as conn:
+        expiring = conn.execute(
+            "UPDATE loopstop_kv SET expires_at = 1 WHERE expires_at IS NOT NULL"
+        ).rowcount
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "purge"],
+        env={
+            "PATH": os.environ["PATH"],
+            "LOOPSTOP_SECRET": SECRET,
+            "LOOPSTOP_STORE": postgres_server.url,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    print(out.stdout.strip())
+    assert f"purged {expiring} expired record(s)" in out.stdout, out.stdout
+    assert store.row_count() == 0  # activations keep nothing without a TTL
+    store.close()

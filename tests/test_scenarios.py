@@ -1,4 +1,4 @@
-"""Scenario tables as data: every file under tests/scenarios/ replays on both stores."""
+"""Scenario tables as data: every file under tests/scenarios/ replays on every store."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from conftest import SECRET, Api, Clock, PostgresServer, RedisServer, sql_rows
+from conftest import SECRET, Api, Clock, PostgresServer, RedisServer
 from sidecar.app import create_app
 from sidecar.store import store_from_url
 
@@ -281,37 +281,42 @@ def test_replaced_database_is_refused_until_accepted(tmp_path: Path) -> None:
     assert api.begin("a")["decision"] == "execute"
 
 
-def test_postgres_replaced_by_a_fresh_store_is_refused_until_accepted(
+def test_emptied_or_replaced_postgres_database_is_refused_until_accepted(
     postgres_server: PostgresServer,
 ) -> None:
-    """The database a worker saw is dropped and a fresh loopstop store made in
-    its place (a restore of an empty backup, another instance's first start):
-    no committed id executes again until `loopstop accept-store`."""
+    """The database a worker served from loses loopstop's tables (a fresh database
+    in its place), then holds another store's (a database of another deployment):
+    each time every decision is refused, naming `loopstop accept-store`, which
+    makes the worker serve again unrestarted."""
+    from sidecar.store.postgres import PostgresStore
+
     postgres_server.reset()
-    url = postgres_server.url
-    app = create_app({"store": url}, environ={"LOOPSTOP_SECRET": SECRET})
+    app = create_app({"store": postgres_server.url}, environ={"LOOPSTOP_SECRET": SECRET})
     api = Api(app.test_client(), token=None)
-    try:
-        for i in range(10):
-            assert api.begin(f"op-{i}", {"i": i})["decision"] == "execute"
-            assert api.post(f"/v1/operations/op-{i}/commit", {"attempt": 1, "receipt": i})[0] == 200
-        postgres_server.reset()
-        fresh = store_from_url(url)
-        fresh.ensure_schema()  # stamps a new identity into the empty database
-        fresh.close()
-        for i in range(10):
-            status, body = api.post(f"/v1/operations/op-{i}/begin", {"payload": {"i": i}})
-            assert status == 503 and "accept-store" in body["detail"], body
-            assert str(postgres_server.port) not in body["detail"]
-        assert api.get("/readyz")[0] == 503
-        assert api.get("/v1/operations/op-0")[0] == 503
-        assert sql_rows(url, "kv") == []  # nothing was written into the fresh store
-        done = _accept_store(url)
-        assert done.returncode == 0, done.stderr
-        assert api.get("/readyz")[0] == 200
-        assert api.begin("op-0", {"i": 0})["decision"] == "execute"  # what accepting means
-    finally:
-        app.extensions["loopstop"].store.close()
+    assert api.begin("a")["decision"] == "execute"
+    assert api.post("/v1/operations/a/commit", {"attempt": 1, "receipt": "r"})[0] == 200
+
+    postgres_server.reset()  # emptied: no loopstop table left
+    for _ in range(2):
+        status, body = api.post("/v1/operations/a/begin", {"payload": {"x": 1}})
+        assert status == 503 and "accept-store" in body["detail"], body
+    assert api.get("/readyz")[0] == 503
+    done = _accept_store(postgres_server.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "was empty" in done.stdout
+    assert api.get("/readyz")[0] == 200
+    assert api.begin("a")["decision"] == "execute"  # what accepting an empty store means
+
+    postgres_server.reset()
+    other = PostgresStore(postgres_server.url)
+    other.ensure_schema()  # another deployment's store, with its own identity
+    other.close()
+    status, body = api.post("/v1/operations/a/begin", {"payload": {"x": 1}})
+    assert status == 503 and "accept-store" in body["detail"], body
+    assert postgres_server.url not in body["detail"]
+    assert _accept_store(postgres_server.url).returncode == 0
+    assert api.begin("a")["decision"] == "execute"
+    app.extensions["loopstop"].store.close()
 
 
 def test_readyz_probes_a_write_on_redis(tmp_path: Path) -> None:
@@ -334,44 +339,6 @@ def test_readyz_probes_a_write_on_redis(tmp_path: Path) -> None:
         assert api.get("/readyz")[0] == 200
     finally:
         server.stop()
-
-
-def test_readyz_probes_a_write_on_postgres() -> None:
-    """A PostgreSQL that turned read-only (as a standby or a full disk's
-    default_transaction_read_only leaves it) is not ready; no URL in the 503."""
-    import psycopg
-
-    server = PostgresServer().start()
-    try:
-        app = create_app({"store": server.url}, environ={"LOOPSTOP_SECRET": SECRET})
-        api = Api(app.test_client(), token=None)
-        assert api.get("/readyz")[0] == 200
-
-        def read_only(on: bool) -> None:
-            with psycopg.connect(server.url, autocommit=True) as conn:
-                conn.execute(
-                    f"ALTER SYSTEM SET default_transaction_read_only = {'on' if on else 'off'}"
-                )
-                conn.execute("SELECT pg_reload_conf()")
-
-        read_only(True)
-        deadline = time.monotonic() + 10
-        while (answer := api.get("/readyz"))[0] == 200:
-            assert time.monotonic() < deadline, "still ready on a read-only server"
-            time.sleep(0.1)
-        status, body = answer
-        assert status == 503 and body["type"].endswith("store-unavailable"), body
-        assert str(server.port) not in body["detail"] and "postgresql://" not in body["detail"]
-        status, body = api.post("/v1/operations/x/begin", {"payload": 1})
-        assert status == 503 and str(server.port) not in body["detail"]
-        read_only(False)
-        deadline = time.monotonic() + 10
-        while api.get("/readyz")[0] != 200:
-            assert time.monotonic() < deadline, "not ready again once writable"
-            time.sleep(0.1)
-        app.extensions["loopstop"].store.close()
-    finally:
-        server.cleanup()
 
 
 def test_hung_redis_fails_within_one_decision_timeout(tmp_path: Path) -> None:
@@ -449,6 +416,35 @@ def test_readyz_probes_a_write_and_names_no_path(tmp_path: Path) -> None:
     assert str(tmp_path) not in body["detail"] and "loopstop.db" not in body["detail"]
     status, body = api.post("/v1/operations/x/begin", {"payload": 1})
     assert status == 503 and str(tmp_path) not in body["detail"]
+
+
+def test_read_only_postgres_is_not_ready_and_admits_nothing(
+    postgres_server: PostgresServer,
+) -> None:
+    """A database that only reads (a standby, or ``default_transaction_read_only``):
+    /readyz is 503 (its probe writes) and a begin is a 503 that stored nothing."""
+    import psycopg
+
+    postgres_server.reset()
+    app = create_app({"store": postgres_server.url}, environ={"LOOPSTOP_SECRET": SECRET})
+    api = Api(app.test_client(), token=None)
+    assert api.get("/readyz")[0] == 200
+    store = app.extensions["loopstop"].store
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        conn.execute("ALTER DATABASE postgres SET default_transaction_read_only = on")
+    try:
+        store.close()  # the next connections open read-only
+        status, body = api.get("/readyz")
+        assert status == 503 and body["type"].endswith("store-unavailable"), body
+        status, body = api.post("/v1/operations/ro/begin", {"payload": 1})
+        assert status == 503 and postgres_server.url not in body["detail"], body
+    finally:
+        with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+            conn.execute("SET default_transaction_read_only = off")  # this session writes
+            conn.execute("ALTER DATABASE postgres RESET default_transaction_read_only")
+    store.close()  # and they open read-write again
+    assert api.get("/v1/operations/ro")[0] == 404  # nothing was stored
+    store.close()
 
 
 def test_serve_on_postgres_creates_the_schema_and_refuses_a_newer_one(

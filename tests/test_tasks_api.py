@@ -1,4 +1,4 @@
-"""The task guard through HTTP on both stores: every terminal reason is reached,
+"""The task guard through HTTP on every store: every terminal reason is reached,
 malformed calls change nothing, scopes and resume rules hold."""
 
 from __future__ import annotations

@@ -45,10 +45,10 @@ class CheckList(BaseModel):
     tag="checks",
     response=CheckList,
     errors=(401, 403),
-    summary="The configured checks.",
+    summary="The configured checks the token may run.",
 )
 def list_checks() -> Response:
-    items = [CheckInfo(name=n, kind=k) for n, k in runtime().checks.names()]
+    items = [CheckInfo(name=n, kind=k) for n, k in runtime().checks.names(g.principal)]
     return jsonify(CheckList(checks=items).model_dump())
 
 

@@ -303,6 +303,9 @@ class ChainService:
                     ]
                 )
             principal.require(workflow)
+            # The effect keys this step overwrites, learned from the chain when the
+            # body named no workflow: read together (one round trip), not one by one.
+            txn.prefetch(keys.effect(ns, workflow, h) for h in hashes)
             req = EffectRequest(
                 workflow=workflow,
                 effect_id="e" + secrets.token_hex(8),

@@ -54,8 +54,14 @@ class CheckService:
         self.lineages = mappers.lineages(retention_s)
         self.operations = operations
 
-    def names(self) -> list[tuple[str, str]]:
-        return sorted((name, cfg.kind) for name, cfg in self.configured.configs.items())
+    def names(self, principal: Principal) -> list[tuple[str, str]]:
+        """(name, kind) of every check ``principal`` may run, by name: a scoped
+        token does not learn of checks outside its workflows."""
+        return sorted(
+            (name, cfg.kind)
+            for name, cfg in self.configured.configs.items()
+            if self.configured.open_to(name, principal.workflows)
+        )
 
     def run_in(
         self,

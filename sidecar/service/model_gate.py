@@ -66,7 +66,6 @@ from sidecar.errors import (
     StateConflict,
     ValidationFailed,
 )
-from sidecar.service import keys
 from sidecar.service.messages import WRAP_UP_MESSAGE, final_message
 from sidecar.service.tasks import CallInput, CreateInput, TaskService
 
@@ -735,13 +734,9 @@ class ModelGate:
         would forget its identical calls.
         """
         assert lines.task_key is not None
-        pointer = keys.task_key(ns, lines.workflow, self.tasks.fp.key_hash("task", lines.task_key))
-        found = self.tasks.store.get(pointer)
+        found = self.tasks.by_key(principal, ns, lines.workflow, lines.task_key)
         if found is not None:
-            try:
-                return self.tasks.get(principal, ns, str(found["task_id"]))
-            except NotFound:
-                pass  # expired between the two reads: make it again
+            return found
         task, _ = self.tasks.create(
             principal,
             ns,

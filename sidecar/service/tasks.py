@@ -318,6 +318,22 @@ class TaskService:
                 raise
             return call("t")
 
+    def by_key(
+        self, principal: Principal, ns: str, workflow: str | None, task_key: str
+    ) -> Task | None:
+        """The task made under ``task_key`` in ``workflow``, if it is still kept.
+
+        :raises Forbidden: the task belongs to a workflow outside the scope.
+        :raises StoreUnavailable:
+        """
+        found = self.store.get(self.records.pointer(ns, workflow, task_key))
+        if found is None:
+            return None
+        try:
+            return self.get(principal, ns, str(found["task_id"]))
+        except NotFound:
+            return None  # expired between the two reads
+
     def namespace_of(self, task_id: str) -> str | None:
         """The namespace holding ``task_id`` (task ids are random, so at most one)."""
         docs = self.store.get_many([keys.task("p", task_id), keys.task("t", task_id)])

@@ -89,6 +89,8 @@ def check_store_url(url: str) -> None:
         isolation = query.get("isolation", ["cas"])[-1]
         if isolation not in ("cas", "serializable"):
             raise ConfigError([("store", "isolation must be cas or serializable")])
+        if "pool_size" in query and not query["pool_size"][-1].isdigit():
+            raise ConfigError([("store", "pool_size must be a positive integer")])
     else:
         raise ConfigError(
             [

@@ -28,8 +28,10 @@ and never compared. Locks are held only while that one pipeline runs on the
 server, never across the client's decision: a slow or descheduled worker
 thread never holds others up. ``?isolation=serializable`` (reads and writes
 in one ``SERIALIZABLE`` transaction, serialization failures retried) is kept
-for comparison; ``bench/pg_strategy.py`` measures the three designs (the
-README has the figures and why this one is the default).
+for comparison; ``bench/pg_strategy.py`` measures the two side by side
+(docs/deployment.md has its figures, and those of a third design, locks
+held across the decision, measured before it was replaced, and why this one
+is the default).
 
 Round trips: two per decision (the read; the commit pipeline), one more
 for a key first read inside the function; a decision that writes nothing
@@ -310,12 +312,21 @@ class PostgresStore(Store):
 
     @contextmanager
     def _connection(self, deadline: float) -> Iterator[_DeadlineConnection]:
-        """A pooled connection bound to ``deadline`` (returned broken or clean)."""
+        """A pooled connection bound to ``deadline`` (returned broken or clean).
+
+        A database found without loopstop's tables (a fresh one put in the place
+        of the one served from) is a store that lost its identity: refused
+        until ``loopstop accept-store``, as an emptied Redis is.
+        """
         pool = self._get_pool()
         conn = pool.getconn(timeout=max(0.001, deadline - time.monotonic()))
         conn.deadline = deadline
         try:
             yield conn
+        except pgerrors.UndefinedTable:
+            if self.identity is not None:
+                self._verify_identity(None)  # raises the refusal
+            raise
         finally:
             conn.deadline = None
             idle = psycopg.pq.TransactionStatus.IDLE
@@ -457,7 +468,8 @@ class PostgresStore(Store):
             if isinstance(exc, pgerrors.InvalidParameterValue):
                 raise RuntimeError(f"increment: {exc.diag.message_primary}") from exc
             raise
-        metrics.STORE_ROUND_TRIPS.inc()
+        finally:
+            metrics.STORE_ROUND_TRIPS.inc()  # a pipeline that lost was a round trip too
         return plan
 
     @staticmethod
@@ -606,6 +618,17 @@ class PostgresStore(Store):
     ) -> int:
         """Create the tables (once, under a lock) unless the stored schema is newer,
         then as :meth:`Store.ensure_schema`."""
+        self._create_tables(current)
+        return super().ensure_schema(current, migrations, expected_identity=expected_identity)
+
+    def accept(self) -> tuple[str | None, str]:
+        """As :meth:`Store.accept`, creating the tables first in a database that
+        has none (a fresh one put in the place of the one served from)."""
+        self._create_tables(SCHEMA_VERSION)
+        return super().accept()
+
+    def _create_tables(self, current: int) -> None:
+        """The tables, functions and indexes, unless the stored schema is newer."""
         with self._connection(time.monotonic() + max(10.0, self.timeout_s)) as c:
             c.deadline = None  # DDL may wait for another instance's migration
             with c.transaction():
@@ -614,11 +637,14 @@ class PostgresStore(Store):
                 row = c.execute(_IDENTITY, (META_SCHEMA,)).fetchone()
                 if row is None or int(row[0]) <= current:
                     c.execute(_DDL)
-        return super().ensure_schema(current, migrations, expected_identity=expected_identity)
 
     def _read_meta(self, name: str) -> str | None:
+        """A meta entry; None when absent, also when the table is (an emptied database)."""
         with self._connection(time.monotonic() + self.timeout_s) as conn:
-            row = conn.execute(_IDENTITY, (name,)).fetchone()
+            try:
+                row = conn.execute(_IDENTITY, (name,)).fetchone()
+            except pgerrors.UndefinedTable:
+                return None
         return None if row is None else str(row[0])
 
     def _write_meta(self, name: str, value: str, *, only_if_absent: bool = False) -> str:

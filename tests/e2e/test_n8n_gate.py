@@ -86,6 +86,8 @@ class Stack:
     sidecar: Sidecar
     llm: FakeLLM
     recorder: Recorder
+    #: every imported flow by id, as imported
+    flows: dict[str, dict[str, Any]]
 
     def task_by_key(self, key: str, workflow: str | None = None) -> dict[str, Any]:
         """The task the gate made under ``key`` (``POST /v1/tasks`` answers it with 200)."""
@@ -282,8 +284,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         shipped = _rewrite(EXAMPLE.read_text(), sidecar.base, recorder_base)
         (flows / EXAMPLE.name).write_text(shipped)
         example = json.loads(shipped)
+        imported = {example["id"]: example}
         for make in (_with_task_line, _chat_trigger, _chat_completions, _budgets):
             wf = make(example)
+            imported[wf["id"]] = wf
             (flows / f"{wf['id']}.json").write_text(json.dumps(wf))
         n8n.import_workflow(flows)
         for wid in (*FLOWS, "lsGateBudget0001"):
@@ -291,7 +295,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.callback(n8n.stop)
         n8n.start()
         print(f"\n[n8n-gate] stack ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        yield Stack(n8n, sidecar, llm, recorder)
+        yield Stack(n8n, sidecar, llm, recorder, imported)
 
 
 def _runs(run: Any, node: str) -> list[Any]:
@@ -464,6 +468,69 @@ def test_a_budget_ends_a_looping_agent_at_its_limit(
         assert task["task"]["used"]["tokens"] == 10 * upstream_turns
     if reason == "cost_budget":
         assert task["task"]["used"]["cost"] == 3.0 * upstream_turns
+
+
+#: The node types whose typeVersion the flows must hold at the latest n8n 2.41.1 knows.
+LATEST = (
+    "@n8n/n8n-nodes-langchain.agent",
+    "@n8n/n8n-nodes-langchain.lmChatOpenAi",
+    "@n8n/n8n-nodes-langchain.chatTrigger",
+    "n8n-nodes-base.webhook",
+)
+
+
+def test_the_flows_use_the_latest_typeversions_and_default_options(stack: Stack) -> None:
+    """The AI Agent, the OpenAI Chat Model, the Chat Trigger and the Webhook of every
+    flow are at the newest typeVersion the running n8n offers (its editor's own node
+    list); the model node keeps its default options (Responses API on) except in the
+    flow that switches the Responses API off, and the agent sets only its System
+    Message."""
+    known = stack.n8n.node_types()
+    seen = set()
+    for wid, wf in stack.flows.items():
+        for node in wf["nodes"]:
+            if node["type"] in LATEST:
+                seen.add(node["type"])
+                assert node["typeVersion"] == max(known[node["type"]]), (wid, node["name"])
+        model = _node(wf, "OpenAI Chat Model")["parameters"]
+        assert model["options"] == {}, wid
+        if wid == "lsGateNoResp0001":
+            assert model["responsesApiEnabled"] is False
+        else:
+            assert "responsesApiEnabled" not in model, wid  # the node's default: on
+        assert set(_node(wf, "AI Agent")["parameters"]["options"]) == {"systemMessage"}, wid
+    assert seen == set(LATEST)
+    chat = _node(stack.flows["lsGateChat000001"], "Chat")["parameters"]
+    assert chat["options"] == {"responseMode": "streaming"}
+
+
+@pytest.mark.parametrize("mode", ["500", "429", "garbage"])
+def test_an_upstream_failure_is_one_counted_turn_and_fails_the_execution(
+    stack: Stack, mode: str
+) -> None:
+    """An upstream 5xx, 429 or unreadable answer: the gate relays an OpenAI-style error
+    (a 502 for the unreadable one) and counts the turn; n8n 2.41.1's OpenAI Chat Model
+    does not retry it (its failed-attempt handler, @n8n/ai-utilities'
+    makeN8nLlmFailedAttemptHandler, rethrows at the first failure: a 429 as "rate limit
+    reached", anything else because the error carries no retriesLeft, whatever Max
+    Retries says), so the execution ends in error after exactly one request."""
+    stack.llm.mode = mode
+    wid = "lsExGateAgent001"
+    ticket = f"F-{mode}"
+    answered: list[requests.Response] = []
+
+    def send() -> None:
+        body = {"ticket": ticket, "question": "Add a note."}
+        answered.append(stack.n8n.webhook("loopstop-gate-agent", body, timeout=180))
+
+    d = _drive(stack, wid, send)
+    assert d.execution["status"] == "error"
+    assert answered, "the webhook answered"
+    assert len(d.upstream) == 1  # no retry
+    assert len(stack.recorder.for_ticket(ticket)) == 0
+    assert d.run["resultData"].get("error"), "n8n recorded the failure"
+    used = stack.task_by_key(f"{wid}-{ticket}")["task"]["used"]
+    assert used["model_calls"] == 1 and used["tokens"] > 0  # counted, by an estimate
 
 
 def test_the_credential_test_fails_without_an_upstream(stack: Stack, tmp_path: Path) -> None:

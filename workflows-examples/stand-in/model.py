@@ -74,7 +74,7 @@ class FakeLLM:
         self.hold: threading.Event | None = None
         #: set once a stream has sent its first text event (with ``hold``)
         self.first_sent = threading.Event()
-        #: set when a stream has been written out whole
+        #: set when a stream has written out its every event
         self.stream_done = threading.Event()
         #: ``time.perf_counter()`` just before the last stream's first text event was sent
         self.first_text_at: float | None = None
@@ -334,9 +334,11 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                         if llm.hold is not None:
                             llm.first_sent.set()
                             llm.hold.wait(10)
+            # Every event is out: a client that stops reading at its final event (the
+            # gate does at response.completed) may close before the terminator below.
+            llm.stream_done.set()
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
-            llm.stream_done.set()
 
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -137,7 +137,7 @@ LIMITS: tuple[LimitRule, ...] = (
     LimitRule(
         "max_cycle_repeats",
         "cycle",
-        "repeats in a row of one block of 2+ calls (the N-th repeat ends the task)",
+        "occurrences in a row of one block of 2+ calls (the call completing the N-th is denied)",
         "per revision",
         True,
         True,
@@ -160,12 +160,17 @@ LIMITS: tuple[LimitRule, ...] = (
         False,
     ),
     LimitRule(
-        "deadline_s", "deadline", "seconds since the task was created", "per task", True, False
+        "deadline_s",
+        "deadline",
+        "seconds since the task was created (a call at N or later is denied)",
+        "per task",
+        True,
+        False,
     ),
     LimitRule(
         "poll_deadline_s",
         "poll_budget",
-        "seconds since the task's first poll",
+        "seconds since the task's first poll (a poll at N or later is denied)",
         "per task",
         True,
         False,
