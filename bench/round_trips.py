@@ -1,16 +1,19 @@
 """Redis round trips and commands per decision, on each hot path.
 
-    .venv/bin/python bench/round_trips.py
+    .venv/bin/python bench/round_trips.py [--time 300]
 
 Runs the sidecar in process (Flask's test client) on a private redis-server
 and prints, for each hot path, the round trips the store made (its own
 ``loopstop_store_round_trips_total``) and the commands Redis ran (``INFO
 commandstats`` deltas, a script's own ``GET``/``SET``/``ZADD`` included), as
-the median of a few repetitions. No timing: counts only.
+the median of a few repetitions. ``--time N`` also times each hot path over
+N rounds (median and p90 microseconds, in process: no HTTP server, so two
+builds of the sidecar compare without gunicorn's share of the noise).
 """
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import statistics
 import subprocess
@@ -113,6 +116,9 @@ def one_round(
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description="round trips and commands per hot path (Redis)")
+    ap.add_argument("--time", type=int, default=0, metavar="N", help="also time N rounds")
+    args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="loopstop-rtt-"))
     port = free_port()
     server = subprocess.Popen(
@@ -154,11 +160,25 @@ def main() -> int:
 
         for _ in range(5):
             one_round(post, measure)
-        print(f"{'hot path':<30} {'round trips':>11} {'commands':>9}")
+        timed: dict[str, list[float]] = {}
+
+        def clock(name: str, step: Callable[[], Any]) -> None:
+            started = time.perf_counter()
+            step()
+            timed.setdefault(name, []).append((time.perf_counter() - started) * 1e6)
+
+        for _ in range(args.time):
+            one_round(post, clock)
+        head = f"{'hot path':<30} {'round trips':>11} {'commands':>9}"
+        print(head + (f" {'p50 us':>8} {'p90 us':>8}" if timed else ""))
         for name, counts in rows.items():
             trips = statistics.median(t for t, _ in counts)
             cmds = statistics.median(c for _, c in counts)
-            print(f"{name:<30} {trips:>11.0f} {cmds:>9.0f}")
+            line = f"{name:<30} {trips:>11.0f} {cmds:>9.0f}"
+            if name in timed:
+                cuts = statistics.quantiles(timed[name], n=10)
+                line += f" {statistics.median(timed[name]):>8.0f} {cuts[8]:>8.0f}"
+            print(line)
     finally:
         server.terminate()
         server.wait(10)
