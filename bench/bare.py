@@ -33,6 +33,7 @@ ROUTES = (
     "/v1/activations",
     "/v1/tasks/<task>/tool-calls",
     "/v1/tasks/<task>/tool-calls/<call>/result",
+    "/v1/openai/chat/completions",
 )
 
 

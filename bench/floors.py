@@ -17,6 +17,10 @@ store, in one Redis script (one round trip) or one SQL transaction:
 - tool call and result: read the task's document and write it back (the
   decision needs the task's counters and its recent calls; the document is
   :data:`TASK_DOC_BYTES` long, as a task's with its last 200 calls).
+- a model turn: the task's transaction, then the body forwarded to the
+  upstream ``FLOOR_UPSTREAM`` names and its answer relayed (the model gate
+  admits the turn, forwards it, then counts its usage: a second transaction
+  the floor leaves out, so the floor is the least any gate could do).
 
 ``FLOOR_STORE`` picks the store: ``redis://...``, ``sqlite:///path``
 (WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE``, as the sidecar's) or
@@ -32,6 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import requests
 from bare import BODY
 from flask import Flask, Response, request
 
@@ -244,6 +249,17 @@ def create_app() -> Flask:
         request.get_json(silent=True)
         work["task"](task)
         return answer(None, {"task_id": task, "call_id": "k" + os.urandom(8).hex()})
+
+    upstream = os.environ.get("FLOOR_UPSTREAM", "")
+    session = requests.Session()
+
+    @app.post("/v1/openai/chat/completions")
+    def model_turn() -> Response:
+        body = request.get_json(silent=True) or {}
+        system = str((body.get("messages") or [{}])[0].get("content", ""))
+        work["task"](system.rpartition("loopstop-task: ")[2].strip() or "turn")
+        r = session.post(f"{upstream}/chat/completions", json=body, timeout=10)
+        return Response(r.content, r.status_code, mimetype="application/json")
 
     @app.post("/v1/tasks/<task>/tool-calls/<call>/result")
     def tool_result(task: str, call: str) -> Response:

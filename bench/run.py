@@ -5,8 +5,9 @@ driven by the same load tool (wrk).
     apt-get install wrk          # Debian's wrk
     .venv/bin/python bench/run.py [--duration 10] [--connections 16] [--big 1000000]
 
-It prints, for an operation's first begin, begin+commit, activation, and
-tool-call admission + result: decisions/s, p50/p95/p99 latency, the ratio to
+It prints, for an operation's first begin, begin+commit, activation,
+tool-call admission + result and a model turn through the model gate (to the
+stand-in model, workflows-examples/stand-in/model.py, which both sides share): decisions/s, p50/p95/p99 latency, the ratio to
 the bare route and to the store's floor, and on Redis the round trips
 (counted by the sidecar's own client) and the commands (INFO commandstats
 deltas) per decision; then begin+commit latency with 1k and with ``--big``
@@ -52,7 +53,7 @@ SECRET = "bench-secret-0123456789abcdef"
 CONFIG = """
 tokens:
   - {name: bench, env: BENCH_TOKEN, workflows: ["*"], admin: true}
-operations: {retention_s: 3600}
+operations: {retention_s: 3600, max_open_per_workflow: 1000000}  # begin-only runs leave ids open
 chains:
   default: {rate_limit: 1000000, workflow_rate_limit: 1000000, max_activations: 1000000}
 """
@@ -61,7 +62,10 @@ SCENARIOS = {
     "begin+commit": "begin_commit.lua",
     "activation": "activation.lua",
     "tool call+result": "tool_call.lua",
+    "model turn": "model_turn.lua",
 }
+#: The stand-in model the model-turn route's floor and sidecar forward to.
+STAND_IN = ROOT / "workflows-examples" / "stand-in" / "model.py"
 
 
 def free_port() -> int:
@@ -84,9 +88,26 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"not ready: {url}")
 
 
-def start_sidecar(store: str, workdir: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_model(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The stand-in model (answers a short text with its usage); its base URL."""
     port = free_port()
-    (workdir / "loopstop.yaml").write_text(CONFIG)
+    proc = subprocess.Popen(
+        [sys.executable, str(STAND_IN), "--port", str(port), "--mode", "final"],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}/v1"
+    wait_ready(base + "/models", proc)
+    return proc, base
+
+
+def start_sidecar(
+    store: str, workdir: Path, workers: int, upstream: str = ""
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    model_gate = f"model_gate: {{upstream_url: '{upstream}'}}\n" if upstream else ""
+    (workdir / "loopstop.yaml").write_text(CONFIG + model_gate)
     env = {
         "PATH": os.environ["PATH"],
         "LOOPSTOP_CONFIG": str(workdir / "loopstop.yaml"),
@@ -130,7 +151,9 @@ SERVE_SETTINGS = [
 ]
 
 
-def start_bare(workers: int, store_url: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def start_bare(
+    workers: int, store_url: str | None = None, upstream: str = ""
+) -> tuple[subprocess.Popen[bytes], str]:
     """The bare route (``store_url`` None), or the floor of the store it names
     (bench/floors.py: the least store work of each route)."""
     port = free_port()
@@ -151,7 +174,12 @@ def start_bare(workers: int, store_url: str | None = None) -> tuple[subprocess.P
             "warning",
             factory,
         ],
-        env={**os.environ, "FLOOR_STORE": store_url or "", "PYTHONPATH": str(ROOT)},
+        env={
+            **os.environ,
+            "FLOOR_STORE": store_url or "",
+            "FLOOR_UPSTREAM": upstream,
+            "PYTHONPATH": str(ROOT),
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -222,6 +250,8 @@ def make_tasks(base: str, n: int) -> str:
                     "max_tool_calls": 1_000_000,
                     "max_same_call": 1_000_000,
                     "max_idle": 1_000_000,
+                    "max_model_calls": 1_000_000,
+                    "max_tokens": 1_000_000_000,
                     "deadline_s": 31_000_000,
                 },
             },
@@ -334,6 +364,7 @@ def main() -> int:
 
         postgres = PostgresServer(fsync=True).start()
     pg_url = postgres.url if postgres else ""
+    model, upstream = start_model(tmp)
     env = {"BENCH_TOKEN": TOKEN}
     rows: list[tuple[str, str, dict[str, Any]]] = []
     fake_tasks = ",".join(f"t{i:020x}" for i in range(2 * args.connections))
@@ -352,7 +383,7 @@ def main() -> int:
             if name in chosen
         ]
         for label, url in targets:
-            bare, bare_base = start_bare(args.workers, url)
+            bare, bare_base = start_bare(args.workers, url, upstream)
             warm_up(bare_base, args, {**env, "BENCH_RUN": f"warm{label[-3:]}"})
             bases[label] = {}
             for scenario in SCENARIOS:
@@ -382,12 +413,12 @@ def main() -> int:
         for name, url in stores.items():
             workdir = tmp / name
             workdir.mkdir()
-            proc, base = start_sidecar(url, workdir, args.workers)
+            proc, base = start_sidecar(url, workdir, args.workers, upstream)
             try:
                 warm_up(base, args, {**env, "BENCH_RUN": f"warm{name}"})
                 for scenario in SCENARIOS:
                     extra = {"BENCH_RUN": f"{name}{scenario[:3]}"}
-                    if scenario.startswith("tool"):
+                    if scenario.startswith(("tool", "model")):
                         extra["BENCH_TASKS"] = make_tasks(base, 2 * args.connections)
                         extra["BENCH_THREADS"] = str(args.threads)
                     (decided0, trips0, conflicts0), calls0 = store_counts(base), redis_calls(client)
@@ -396,6 +427,12 @@ def main() -> int:
                         time.sleep(1)  # let the requests wrk left in flight finish
                         decided, trips, conflicts = store_counts(base)
                         n = decided - decided0
+                        if n <= 0:
+                            raise RuntimeError(
+                                f"{name} {scenario}: the sidecar counted no decision "
+                                f"(wrk: {figures['requests']} requests, "
+                                f"{figures['errors']} errors, {figures['non_2xx']} non-2xx)"
+                            )
                         figures["round_trips"] = (trips - trips0) / n
                         figures["conflicts"] = (conflicts - conflicts0) / n
                     if name == "redis":
@@ -431,6 +468,7 @@ def main() -> int:
                 finally:
                     stop(proc)
     finally:
+        stop(model)
         redis_proc.terminate()
         redis_proc.wait(10)
         if postgres:
