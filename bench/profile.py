@@ -32,8 +32,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import redis
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # bench/run.py: servers, wrk, the routes' scripts
 
@@ -137,21 +135,8 @@ def main() -> int:
         print("wrk is missing: apt-get install wrk", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="loopstop-profile-"))
-    redis_port = run.free_port()
-    redis_proc = subprocess.Popen(
-        [
-            *("redis-server", "--port", str(redis_port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no", "--dir", str(tmp)),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=redis_port, decode_responses=True)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    redis_proc, redis_port, client = run.start_redis(tmp)
+    model, upstream = run.start_model(tmp)
     postgres = None
     if args.store == "postgres":
         sys.path.insert(0, str(run.ROOT / "tests"))
@@ -169,7 +154,7 @@ def main() -> int:
     results: dict[str, dict[str, tuple[dict[str, Any], Counter[str]]]] = {}
     scenarios = args.scenarios.split(",")
     try:
-        floor, floor_base = run.start_bare(1, floor_url)
+        floor, floor_base = run.start_bare(1, floor_url, upstream)
         try:
             run.warm_up(floor_base, args, {**env, "BENCH_RUN": "warmflr"})
             for scenario in scenarios:
@@ -182,12 +167,12 @@ def main() -> int:
         client.flushdb()
         workdir = tmp / "sidecar"
         workdir.mkdir()
-        proc, base = run.start_sidecar(url, workdir, 1)
+        proc, base = run.start_sidecar(url, workdir, 1, upstream)
         try:
             run.warm_up(base, args, {**env, "BENCH_RUN": "warmside"})
             for scenario in scenarios:
                 extra = {"BENCH_RUN": f"side{scenario[:3]}"}
-                if scenario.startswith("tool"):
+                if scenario.startswith(("tool", "model")):
                     extra["BENCH_TASKS"] = run.make_tasks(base, 2 * args.connections)
                 results[scenario]["sidecar"] = measure(
                     base, proc.pid, scenario, args, {**env, **extra}
@@ -195,6 +180,7 @@ def main() -> int:
         finally:
             run.stop(proc)
     finally:
+        run.stop(model)
         redis_proc.terminate()
         redis_proc.wait(10)
         if postgres:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import NOT_DECISIONS, SECRET, TOKEN, free_port
+from run import NOT_DECISIONS, SECRET, TOKEN, start_redis
 
 from sidecar import metrics
 from sidecar.app import create_app
@@ -120,22 +119,8 @@ def main() -> int:
     ap.add_argument("--time", type=int, default=0, metavar="N", help="also time N rounds")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="loopstop-rtt-"))
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            *("redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
-            *("--appendonly", "no", "--dir", str(tmp)),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    server, port, client = start_redis(tmp)
     try:
-        client = redis.Redis(port=port, decode_responses=True)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         url = f"redis://127.0.0.1:{port}/0"
         env = {"LOOPSTOP_SECRET": SECRET, "BENCH_TOKEN": TOKEN, "LOOPSTOP_STORE": url}
         app = create_app({**CONFIG, "store": url}, environ=env)

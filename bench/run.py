@@ -7,12 +7,13 @@ driven by the same load tool (wrk).
 
 It prints, for an operation's first begin, begin+commit, activation,
 tool-call admission + result and a model turn through the model gate (to the
-stand-in model, workflows-examples/stand-in/model.py, which both sides share): decisions/s, p50/p95/p99 latency, the ratio to
-the bare route and to the store's floor, and on Redis the round trips
-(counted by the sidecar's own client) and the commands (INFO commandstats
-deltas) per decision; then begin+commit latency with 1k and with ``--big``
-records already in each store (seeded directly). ``--quick`` runs 3 s each
-and skips the size run.
+stand-in model, workflows-examples/stand-in/model.py, which both sides
+share): decisions/s, p50/p95/p99 latency, the ratio to the bare route and
+to the store's floor, and on Redis the round trips (counted by the
+sidecar's own client) and the commands (INFO commandstats deltas) per
+decision; then begin+commit latency with 1k and with ``--big`` records
+already in each store (seeded directly). ``--quick`` runs 3 s each and
+skips the size run.
 
 Baselines, served with ``loopstop serve``'s gunicorn worker class and
 settings (:data:`SERVE_SETTINGS`): ``bare`` is a Flask route answering a
@@ -86,6 +87,27 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"not ready: {url}")
+
+
+def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], int, redis.Redis]:
+    """A private redis-server on a free loopback port (no persistence), once it
+    answers: the process, its port and a client."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *("redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+            *("--appendonly", "no", "--dir", str(folder)),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, decode_responses=True)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return proc, port, client
 
 
 def start_model(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -333,30 +355,7 @@ def main() -> int:
         print("wrk is missing: apt-get install wrk", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="loopstop-bench-"))
-    redis_port = free_port()
-    redis_proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=redis_port, decode_responses=True)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    redis_proc, redis_port, client = start_redis(tmp)
     postgres = None
     if "postgres" in args.stores.split(","):
         sys.path.insert(0, str(ROOT / "tests"))
