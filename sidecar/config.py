@@ -16,12 +16,20 @@ name is caught by ``loopstop check-config`` instead of being ignored.
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from sidecar.core.chains import ChainLimits
 from sidecar.core.operations import DEFAULT_LEASE_S, OperationPolicy
@@ -158,9 +166,18 @@ class ChainPolicyOverride(_Section):
     chain_ttl_s: Seconds | None = None
 
 
+def _nfc_all(names: list[str]) -> list[str]:
+    """Workflow names in Unicode NFC, as tokens' scopes and requests are compared."""
+    return [unicodedata.normalize("NFC", n) for n in names]
+
+
 class ChainsConfig(_Section):
     default: ChainPolicy = ChainPolicy()
-    workflows: dict[str, ChainPolicyOverride] = {}
+    #: Per-workflow overrides, keyed by workflow name in NFC.
+    workflows: Annotated[
+        dict[str, ChainPolicyOverride],
+        AfterValidator(lambda ws: {unicodedata.normalize("NFC", k): v for k, v in ws.items()}),
+    ] = {}
 
     def for_workflow(self, workflow: str | None) -> ChainPolicy:
         """The default chain policy with the workflow's overrides applied."""
@@ -287,7 +304,9 @@ class EnvHeader(_Section):
 #: Which workflows may run a check: ``["*"]`` for every one. Absent, only a
 #: token holding every workflow may (a scoped token gets 403): a check runs
 #: with the system of record's credentials, so opening it is said in the file.
-CheckWorkflows = Annotated[list[str], Field(min_length=1)] | None
+CheckWorkflows = (
+    Annotated[list[str], Field(min_length=1), AfterValidator(_nfc_all)] | None
+)
 
 
 class HttpCheck(_Section):

@@ -7,10 +7,12 @@ chain, and a page a check refused is not remembered.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from test_ui import login
 
 from conftest import ADMIN_TOKEN, SCOPED_TOKEN, Api, AppFactory
+from sidecar.config import load_settings
 
 NFC = "caf\u00e9"
 NFD = "cafe\u0301"
@@ -107,3 +109,33 @@ def test_a_page_refused_by_a_combined_check_does_not_make_it_look_old(
         "/v1/checks/pages_and_ok", {"input": {**page, "ok": True}, "task_id": task_id}
     )
     assert status == 200 and again["passed"] is True, again
+
+
+def test_a_path_workflow_that_nfc_lengthens_past_the_limit_is_422(api: Api) -> None:
+    """U+0958 becomes two code points in NFC: 200 of them pass the path's length
+    check and are 400 after it. The name is refused as a body's would be (422
+    naming path.workflow), never a 500, and nothing is stopped."""
+    name = quote("\u0958" * 200)
+    status, out = api.get(f"/v1/workflows/{name}", token=ADMIN_TOKEN)
+    assert status == 422, out
+    assert out["errors"][0]["loc"] == ["path", "workflow"], out
+    status, out = api.post(f"/v1/workflows/{name}/stop", {"reason": "x"}, token=ADMIN_TOKEN)
+    assert status == 422, out
+    status, out = api.get(f"/v1/workflows/{quote(chr(0x915) + chr(0x93C))}", token=ADMIN_TOKEN)
+    assert status == 200 and out["stopped"] is None, out
+
+
+def test_workflow_names_in_the_configuration_are_compared_in_nfc() -> None:
+    """A check opened to a workflow and a chain override keyed by one are read in
+    NFC, as tokens' scopes and requests are: written in NFD they still apply."""
+    settings = load_settings(
+        {
+            "checks": {
+                "c": {"kind": "json_schema", "schema": {"type": "object"}, "workflows": [NFD]}
+            },
+            "chains": {"workflows": {NFD: {"max_depth": 2}}},
+        },
+        {"LOOPSTOP_SECRET": "s" * 24},
+    )
+    assert settings.checks["c"].workflows == [NFC]
+    assert settings.chains.for_workflow(NFC).max_depth == 2

@@ -225,7 +225,10 @@ def _path_workflow(workflow: str) -> str:
     :raises ValidationError: (422) not a workflow name.
     """
     check_path({"workflow": workflow}, {"workflow": _WORKFLOW})
-    return nfc_name(workflow)
+    try:  # NFC may lengthen a name (U+0958 is two code points): checked again after
+        return nfc_name(workflow)
+    except ValueError as exc:
+        raise ValidationFailed([{"loc": ["path", "workflow"], "msg": str(exc)}]) from exc
 
 
 def _workflow_answer(

@@ -192,7 +192,9 @@ def task_lines(texts: Iterable[str]) -> TaskLines:
         ):
             m = pattern.search(text)
             if m and name not in found:
-                value = m.group(1)
+                # Names in NFC, as POST /v1/tasks reads them ("Cafe\u0301" is "Caf\u00e9"),
+                # checked after: NFC may lengthen a name.
+                value = unicodedata.normalize("NFC", m.group(1))
                 if not value or len(value) > MAX_LINE_VALUE or not value.isprintable():
                     line = "loopstop-" + name.replace("_", "-")
                     raise MalformedRequest(
@@ -200,8 +202,7 @@ def task_lines(texts: Iterable[str]) -> TaskLines:
                         "characters",
                         errors=[{"loc": ["body", "system", line], "msg": "invalid value"}],
                     )
-                # Names in NFC, as POST /v1/tasks reads them ("Cafe\u0301" is "Caf\u00e9").
-                found[name] = unicodedata.normalize("NFC", value)
+                found[name] = value
     return TaskLines(**found)
 
 
