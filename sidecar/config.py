@@ -304,9 +304,7 @@ class EnvHeader(_Section):
 #: Which workflows may run a check: ``["*"]`` for every one. Absent, only a
 #: token holding every workflow may (a scoped token gets 403): a check runs
 #: with the system of record's credentials, so opening it is said in the file.
-CheckWorkflows = (
-    Annotated[list[str], Field(min_length=1), AfterValidator(_nfc_all)] | None
-)
+CheckWorkflows = Annotated[list[str], Field(min_length=1), AfterValidator(_nfc_all)] | None
 
 
 class HttpCheck(_Section):

@@ -471,6 +471,30 @@ def test_reconcile_input_or_receipt_over_16_kib_is_413(
 # -- 10. checks are scoped and bounded ------------------------------------------
 
 
+def test_a_scoped_token_cannot_tell_an_absent_check_from_a_closed_one(
+    make_app: AppFactory, sor: SystemOfRecord
+) -> None:
+    """Running a check, or naming it as a begin's reconcile check, answers a
+    scoped token the same for a check outside its workflows and for no check at
+    all: nothing says it exists or what it asks."""
+    api = Api(make_app(checks=checks(sor.base)).test_client())
+    scoped = Api(api.client, SCOPED_TOKEN)
+    answers = []
+    for name in ("order_unlisted", "no_such_check"):
+        status, body = scoped.post(f"/v1/checks/{name}", {"input": {"order_id": "ORD-1"}})
+        answers.append((status, body["detail"].replace(name, "<name>")))
+    assert answers[0] == answers[1] and answers[0][0] == 403, answers
+    answers = []
+    for name in ("order_unlisted", "no_such_check"):
+        status, body = scoped.post(
+            f"/v1/operations/op-{name}/begin",
+            {"payload": {"n": 1}, "workflow": "wf-sheets", "reconcile": {"check": name}},
+        )
+        answers.append((status, body["detail"].replace(name, "<name>")))
+    assert answers[0] == answers[1] and answers[0][0] == 403, answers
+    assert api.post("/v1/checks/no_such_check", {"input": {}})[0] == 404  # every workflow
+
+
 def test_a_scoped_token_lists_only_the_checks_it_may_run(
     make_app: AppFactory, sor: SystemOfRecord
 ) -> None:

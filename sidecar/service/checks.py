@@ -189,10 +189,14 @@ class CheckService:
     ) -> CheckResult:
         """Run ``name`` on ``data``; ``task_id`` scopes a cursor lineage.
 
-        :raises NotFound: no such check, or no such task.
-        :raises Forbidden: the task belongs to a workflow outside the scope.
+        :raises NotFound: no such check (to a token holding every workflow), or no
+            such task.
+        :raises Forbidden: the task belongs to a workflow outside the scope, or the
+            check is not open to a scoped token (or absent: the same answer).
         """
         if name not in self.configured:
+            if principal.workflows is not None:  # a scoped token cannot tell absent from closed
+                self.require_open(principal, name, None)
             raise NotFound(f"no check named {name!r}")
         workflow = None
         if task_id is not None:

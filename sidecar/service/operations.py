@@ -273,9 +273,15 @@ class OperationService:
 
         :raises ValidationFailed: no such check, or one that asks nothing of
             the system of record (``body.reconcile.check``).
-        :raises Forbidden: the check is not open to ``workflow``.
+        :raises Forbidden: the check is not open to ``workflow``, or (absent or
+            closed alike) not to a scoped token's workflows.
         """
         loc = ["body", "reconcile", "check"]
+        scoped = principal.workflows is not None
+        if scoped and (self.checks is None or not self.checks.open_to(name, principal.workflows)):
+            # A scoped token learns nothing of a check outside its workflows, not even
+            # whether it exists or what it asks: one answer for absent and closed.
+            raise Forbidden(f"check {name!r} is not open to token {principal.name!r}'s workflows")
         if self.checks is None or name not in self.checks:
             raise ValidationFailed([{"loc": loc, "msg": f"no check named {name!r}"}])
         if not self.may_reconcile(name):
