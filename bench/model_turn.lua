@@ -2,27 +2,8 @@
 -- System Message names one of several tasks (BENCH_TASKS, split over the
 -- threads), round-robin, as several agents would; the upstream (the stand-in
 -- model, --mode final) answers a short text with its usage.
-local counter = 0
-local token = os.getenv("BENCH_TOKEN") or ""
-local all = {}
-for t in string.gmatch(os.getenv("BENCH_TASKS") or "", "[^,]+") do table.insert(all, t) end
-local threads = tonumber(os.getenv("BENCH_THREADS") or "2")
-local next_thread = 0
-
-function setup(thread)
-  local mine = {}
-  for i = next_thread + 1, #all, threads do table.insert(mine, all[i]) end
-  thread:set("mine", table.concat(mine, ","))
-  next_thread = next_thread + 1
-end
-
-local tasks = nil
-
 function request()
-  if tasks == nil then
-    tasks = {}
-    for t in string.gmatch(mine, "[^,]+") do table.insert(tasks, t) end
-  end
+  local tasks = my_tasks()
   counter = counter + 1
   local task = tasks[(counter % #tasks) + 1]
   local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token}

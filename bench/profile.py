@@ -180,12 +180,7 @@ def main() -> int:
         finally:
             run.stop(proc)
     finally:
-        run.stop(model)
-        redis_proc.terminate()
-        redis_proc.wait(10)
-        if postgres:
-            postgres.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
+        run.stop_all(model, redis_proc, postgres, tmp)
 
     print(
         f"\nloopstop profile on {args.store}: 1 gunicorn worker, wrk -t{args.threads} "

@@ -65,6 +65,8 @@ SCENARIOS = {
     "tool call+result": "tool_call.lua",
     "model turn": "model_turn.lua",
 }
+#: Scenarios whose script starts with bench/tasks.lua (tasks split over threads).
+ON_TASKS = ("tool call+result", "model turn")
 #: The stand-in model the model-turn route's floor and sidecar forward to.
 STAND_IN = ROOT / "workflows-examples" / "stand-in" / "model.py"
 
@@ -108,6 +110,18 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], int, redis.Redis
         except redis.ConnectionError:
             time.sleep(0.05)
     return proc, port, client
+
+
+def stop_all(
+    model: subprocess.Popen[bytes], redis_proc: subprocess.Popen[bytes], postgres: Any, tmp: Path
+) -> None:
+    """Stop the stand-in model, the private redis-server and PostgreSQL; remove ``tmp``."""
+    stop(model)
+    redis_proc.terminate()
+    redis_proc.wait(10)
+    if postgres:
+        postgres.cleanup()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def start_model(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -223,9 +237,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def wrk(base: str, scenario: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
-    script.write_text(
-        (BENCH / SCENARIOS[scenario]).read_text() + "\n" + (BENCH / "report.lua").read_text()
-    )
+    parts = (["tasks.lua"] if scenario in ON_TASKS else []) + [SCENARIOS[scenario], "report.lua"]
+    script.write_text("\n".join((BENCH / name).read_text() for name in parts))
     try:
         out = subprocess.run(
             [
@@ -467,12 +480,7 @@ def main() -> int:
                 finally:
                     stop(proc)
     finally:
-        stop(model)
-        redis_proc.terminate()
-        redis_proc.wait(10)
-        if postgres:
-            postgres.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop_all(model, redis_proc, postgres, tmp)
 
     print(
         f"\nloopstop benchmarks: {args.workers} gunicorn workers, wrk -t{args.threads} "

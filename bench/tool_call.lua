@@ -6,29 +6,11 @@
 -- fixed body) frees nothing: its task stays busy, and once every task is
 -- busy the script picks tasks round-robin, so read the figures of a run
 -- with errors with care (bench/run.py prints the non-2xx count).
-local counter = 0
-local token = os.getenv("BENCH_TOKEN") or ""
-local all = {}
-for t in string.gmatch(os.getenv("BENCH_TASKS") or "", "[^,]+") do table.insert(all, t) end
-local threads = tonumber(os.getenv("BENCH_THREADS") or "2")
-local next_thread = 0
 local pending = {}   -- "task call" pairs admitted and not yet reported
 local busy = {}      -- task id -> true while a request of its is in flight
 
-function setup(thread)
-  local mine = {}
-  for i = next_thread + 1, #all, threads do table.insert(mine, all[i]) end
-  thread:set("mine", table.concat(mine, ","))
-  next_thread = next_thread + 1
-end
-
-local tasks = nil
-
 function request()
-  if tasks == nil then
-    tasks = {}
-    for t in string.gmatch(mine, "[^,]+") do table.insert(tasks, t) end
-  end
+  local tasks = my_tasks()
   counter = counter + 1
   local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token}
   if #pending > 0 then
