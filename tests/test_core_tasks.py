@@ -272,10 +272,40 @@ FIRES: list[tuple[str, TaskLimits, list[tuple[Any, ...]], int, EndReason]] = [
     ),
     (
         "retries: N failures in a row allowed, the N+1-th ends",
-        L(max_retries=2, max_same_call=10),
+        L(max_retries=2, max_same_call=10, max_idle=10),
         [read("A"), ("retryable", {}), read("A"), ("unknown", {}), read("A"), ("retryable", {})],
         5,
         R.RETRY_BUDGET,
+    ),
+    (
+        "retries are idle results: timeouts across activations end at max_idle first",
+        L(max_idle=3, max_retries=3),
+        [
+            read("A", 1),
+            ("retryable", {}),
+            ("again",),
+            read("A", 2),
+            ("unknown", {}),
+            ("again",),
+            read("A", 3),
+            ("retryable", {"revision": 0}),
+        ],
+        7,
+        R.NO_PROGRESS,
+    ),
+    (
+        "max_idle and max_retries reached at one result: no_progress (the runners' stop)",
+        L(max_idle=2, max_retries=1),
+        [read("A", 1), ("retryable", {}), read("A", 2), ("unknown", {})],
+        3,
+        R.NO_PROGRESS,
+    ),
+    (
+        "idle: an unchanged result and a failing retry count together",
+        L(max_idle=2),
+        [read("A", 1), ok(1, revision=0), read("A", 2), ("retryable", {})],
+        3,
+        R.NO_PROGRESS,
     ),
     (
         "tool budget: N calls, the N+1-th denied",
@@ -313,6 +343,55 @@ FIRES: list[tuple[str, TaskLimits, list[tuple[Any, ...]], int, EndReason]] = [
         R.POLL_BUDGET,
     ),
     ("deadline", L(deadline_s=60), [read("A"), ok(1), ("advance", 60), read("B")], 3, R.DEADLINE),
+    (
+        "deadline: a result recorded at the deadline ends the task",
+        L(deadline_s=60),
+        [read("A"), ("advance", 60), ok(1, revision=1)],
+        2,
+        R.DEADLINE,
+    ),
+    (
+        "deadline: a late done does not complete the task (as runner 000)",
+        L(deadline_s=60),
+        [read("A"), ("advance", 61), ok(1, revision=1, done=True)],
+        2,
+        R.DEADLINE,
+    ),
+    (
+        "deadline: a late fatal result ends at the deadline (as runner 000)",
+        L(deadline_s=60),
+        [read("A"), ("advance", 60), ("fatal", {})],
+        2,
+        R.DEADLINE,
+    ),
+    (
+        "deadline: a late lost write still ends needs_reconciliation",
+        L(deadline_s=60),
+        [("write", "save", {"v": 1}, "w1"), ("advance", 60), ("unknown", {})],
+        2,
+        R.UNKNOWN_COMMIT,
+    ),
+    (
+        "deadline: a late retryable write not proven absent still ends needs_reconciliation",
+        L(deadline_s=60),
+        [("write", "save", {"v": 1}, "w1"), ("advance", 60), ("retryable", {})],
+        2,
+        R.RETRY_AFTER_COMMIT,
+    ),
+    (
+        "deadline: late evidence that contradicts the task is still invalid",
+        L(deadline_s=60),
+        [read("A", 1), ok(1, revision=3), read("A", 2), ("advance", 60), ok(2, revision=2)],
+        4,
+        R.INVALID_EVIDENCE,
+    ),
+    (
+        "done just before the deadline completes",
+        L(deadline_s=60),
+        [read("A"), ("advance", 59.999), ok(1, revision=1, done=True)],
+        2,
+        R.VERIFIED_DONE,
+    ),
     ("model budget", L(max_model_calls=2), [("model",), ("model",), ("model",)], 2, R.MODEL_BUDGET),
     (
         "token budget",
@@ -493,6 +572,48 @@ HONEST: list[tuple[str, TaskLimits, list[tuple[Any, ...]]]] = [
         ],
     ),
     (
+        "a read that times out twice and then brings progress, twice over",
+        L(),
+        [
+            read("A", 1),
+            ("unknown", {}),
+            read("A", 2),
+            ("retryable", {}),
+            read("A", 3),
+            ok(1, revision=1),
+            read("A", 4),
+            ("unknown", {}),
+            read("A", 5),
+            ("unknown", {}),
+            read("A", 6),
+            ok(2, revision=2),
+        ],
+    ),
+    (
+        "a retryable result whose revision rises is progress (as both runners count it)",
+        L(max_idle=2, max_same_call=5),
+        [
+            read("A"),
+            ("retryable", {}),
+            read("A"),
+            ("retryable", {"revision": 1}),
+            read("A"),
+            ("retryable", {}),
+        ],
+    ),
+    (
+        "results just before the deadline",
+        L(deadline_s=60),
+        [
+            read("A", 1),
+            ("advance", 30),
+            ok(1, revision=1),
+            read("A", 2),
+            ("advance", 29.999),
+            ok(2),
+        ],
+    ),
+    (
         "a transient failure, then success, in a row below max_retries",
         L(max_retries=1, max_same_call=5),
         [
@@ -595,6 +716,42 @@ def test_a_stopped_task_still_settles_its_write() -> None:
     assert out.decision is core.ResultDecision.ENDED and not out.ended_now
     assert out.reason is R.OPERATOR_STOP
     assert agent.ops["m1"].state is OperationState.COMMITTED
+
+
+def test_a_late_result_is_recorded_and_its_write_settled_before_the_deadline_ends_it() -> None:
+    """Reference runner 000 settles the ledger, then checks the clock: a committed
+    write keeps its receipt; the late result is not counted as progress."""
+    agent = Agent(L(deadline_s=60))
+    agent.run([read("get"), ok("v1", revision=1)])
+    agent.call("send", {"to": "x"}, "write", "m1")
+    agent.now += 60
+    out = agent.result(receipt={"id": 9}, result="sent", revision=2, effect="committed")
+    assert (out.decision, out.reason, out.ended_now) == (
+        core.ResultDecision.ENDED,
+        R.DEADLINE,
+        True,
+    )
+    assert agent.ops["m1"].state is OperationState.COMMITTED
+    assert agent.ops["m1"].receipt == {"id": 9}
+    envelope = agent.task.envelope
+    assert envelope is not None and envelope.status is TaskStatus.PARTIAL
+    assert (envelope.validated_revision, envelope.last_good) == (1, "v1")
+    assert envelope.uncertain_operations == ()
+    assert agent.task.call(agent.last.call_id).status is core.CallStatus.OK
+    # Resumed with more time, the committed write is replayed, never executed again.
+    agent.task = core.resume(agent.task, "more time", {"deadline_s": 600}, "ops", [], agent.now)
+    assert agent.call("send", {"to": "x"}, "write", "m1").decision is ToolDecision.REPLAY
+
+
+def test_a_late_lost_write_ends_needs_reconciliation_naming_it() -> None:
+    agent = Agent(L(deadline_s=60))
+    agent.call("send", {"to": "x"}, "write", "m1")
+    agent.now += 90
+    assert agent.result("unknown").reason is R.UNKNOWN_COMMIT
+    envelope = agent.task.envelope
+    assert envelope is not None and envelope.status is TaskStatus.NEEDS_RECONCILIATION
+    assert envelope.uncertain_operations == ("m1",)
+    assert agent.ops["m1"].state is OperationState.UNKNOWN
 
 
 # -- caller-given call ids -----------------------------------------------------------
@@ -861,9 +1018,24 @@ LOOSE = TaskLimits(
 )  # fmt: skip
 
 
-def _unit(name: str, i: int, rev: int) -> list[tuple[Any, ...]]:
-    """The steps of the i-th counted event of limit ``name`` (from 1) in a task
-    at validated revision ``rev``."""
+#: Rows of a limit that ends the task at a second kind of step: (limit, a phrase
+#: of the row's "what it counts") -> the key of its counted event in _unit.
+_SECOND_ROWS = {
+    ("max_idle", "retryable or lost"): "max_idle/failing",
+    ("deadline_s", "a result recorded"): "deadline_s/result",
+}
+
+
+def _row_key(name: str, counts: str) -> str:
+    """The key of a row's counted event (the limit's name, or its second row's key)."""
+    return next(
+        (k for (n, phrase), k in _SECOND_ROWS.items() if n == name and phrase in counts), name
+    )
+
+
+def _unit(key: str, i: int, rev: int) -> list[tuple[Any, ...]]:
+    """The steps of the i-th counted event (from 1) of the row ``key`` (see
+    :func:`_row_key`) in a task at validated revision ``rev``."""
     poll = ("poll", "job", {"id": 1})
     return {
         "max_model_calls": [("model",)],
@@ -871,15 +1043,17 @@ def _unit(name: str, i: int, rev: int) -> list[tuple[Any, ...]]:
         "per_tool": [read("A", i), ok(i)],
         "max_same_call": [read("A", 0), ok("same")],
         "max_idle": [read("A", i), ok(i, revision=rev)],
+        "max_idle/failing": [read("A", i), ("unknown" if i % 2 else "retryable", {})],
         "max_cycle_repeats": [read("A"), ok(f"a{i}"), read("B"), ok(f"b{i}")],
         "max_polls": [poll, ok(i)],
         "max_unchanged_polls": [poll, ok(40)],
         "max_retries": [read("A"), ("retryable", {})],
         "deadline_s": [("advance", 1), read("A", i), ok(i)],
+        "deadline_s/result": [read("A", i), ("advance", 1), ok(i, revision=rev + 1)],
         "poll_deadline_s": [("advance", 1), poll, ok(i)],
         "max_tokens": [("model", 1)],
         "max_cost": [("model", None, 1.0)],
-    }[name]
+    }[key]
 
 
 #: Steps before the first counted event: an unchanged poll needs a first poll,
@@ -889,6 +1063,10 @@ _PREAMBLE = {
     "poll_deadline_s": [("poll", "job", {"id": 1}), ok(0)],
 }
 
+#: The verbs of admission steps (a call or a model turn); the others record a
+#: result, complete, or move the task or the clock.
+_ADMISSIONS = {"call", "write", "poll", "model"}
+
 
 def _limited(name: str) -> TaskLimits:
     if name == "per_tool":
@@ -896,14 +1074,18 @@ def _limited(name: str) -> TaskLimits:
     return replace(LOOSE, **{name: float(N) if name == "max_cost" else N})
 
 
-def _fires_at(agent: Agent, name: str, reason: str, first: int, gap: list[Any]) -> int | None:
+def _fires_at(
+    agent: Agent, key: str, reason: str, first: int, gap: list[Any]
+) -> tuple[int, bool] | None:
     """Run counted events from number ``first``, ``gap`` before each; the
-    number of the event (from 1) at which the task ends with ``reason``."""
+    number of the event (from 1) at which the task ends with ``reason``, and
+    whether the step that ended it was an admission (else a result)."""
     for n in range(1, 3 * N + 3):
-        at, why = agent.run([*gap, *_unit(name, first + n, agent.task.validated_revision)])
+        steps = [*gap, *_unit(key, first + n, agent.task.validated_revision)]
+        at, why = agent.run(steps)
         if at is not None:
-            assert why is not None and str(why) == reason, (name, n, why)
-            return n
+            assert why is not None and str(why) == reason, (key, n, why)
+            return n, steps[at][0] in _ADMISSIONS
     return None
 
 
@@ -918,34 +1100,42 @@ def _claimed_step(counts: str) -> int:
 @pytest.mark.parametrize("row", _limits_table(), ids=lambda row: row[0])
 def test_each_row_of_the_docs_table_is_the_behaviour(row: list[str]) -> None:
     name, reason, _, counts, scope, across, restarts = row
+    key = _row_key(name, counts)
     claimed = _claimed_step(counts)
+    # "... ends the task": at a result; "denied" (said or not): at an admission
+    at_admission = "ends the task" not in counts
 
     agent = Agent(_limited(name))
     agent.run(_PREAMBLE.get(name, []))
-    assert _fires_at(agent, name, reason, 0, []) == claimed, f"{name}: {counts}"
+    assert _fires_at(agent, key, reason, 0, []) == (claimed, at_admission), f"{name}: {counts}"
 
     # across activations: the task created again before every event
     agent = Agent(_limited(name))
     agent.run(_PREAMBLE.get(name, []))
-    again = _fires_at(agent, name, reason, 0, [("again",)])
-    assert (again == claimed) is (across == "yes"), f"{name}: across activations {across}"
+    again = _fires_at(agent, key, reason, 0, [("again",)])
+    assert (again == (claimed, at_admission)) is (across == "yes"), (
+        f"{name}: across activations {across}"
+    )
 
     # a resume: restarts the count (fires at the same step again) or keeps it (at once)
     agent.run([("resume",)])
-    after = _fires_at(agent, name, reason, 100, [])
+    after = _fires_at(agent, key, reason, 100, [])
     if restarts == "yes":
-        assert after is not None and after >= N, f"{name}: a resume restarts it, fired at {after}"
+        assert after is not None and after[0] >= N, (
+            f"{name}: a resume restarts it, fired at {after}"
+        )
     else:
-        assert after == 1, f"{name}: a resume keeps it, fired at {after}"
+        assert after is not None and after[0] == 1, f"{name}: a resume keeps it, fired at {after}"
 
     # progress: a higher validated revision before the last counted event
     if name in ("max_tool_calls", "max_unchanged_polls"):
         return  # the progress read is itself a tool call / not a poll result
     agent = Agent(_limited(name))
     agent.run(_PREAMBLE.get(name, []))
-    agent.run([step for i in range(1, claimed) for step in _unit(name, i, 0)])
+    agent.run([step for i in range(1, claimed) for step in _unit(key, i, 0)])
     assert agent.task.envelope is None
     agent.run([read("progress"), ok("p", revision=agent.task.validated_revision + 1)])
-    restarted = _fires_at(agent, name, reason, 50, []) != 1
+    fired = _fires_at(agent, key, reason, 50, [])
+    restarted = fired is None or fired[0] != 1
     by_progress = scope in ("per revision", "since the last progress", "in a row")
     assert restarted is by_progress, f"{name}: scope {scope}"

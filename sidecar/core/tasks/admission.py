@@ -51,7 +51,7 @@ from typing import Any
 
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
 from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write, require_open_room
-from sidecar.core.tasks.lifecycle import end
+from sidecar.core.tasks.lifecycle import deadline_passed, end
 from sidecar.core.tasks.limits import to_micros
 from sidecar.core.tasks.outcomes import (
     EndReason,
@@ -72,10 +72,6 @@ from sidecar.core.tasks.state import (
 from sidecar.errors import StateConflict
 
 # -- model turns ----------------------------------------------------------------
-
-
-def _deadline_passed(task: Task, now: float) -> bool:
-    return now - task.created_at >= task.limits.deadline_s
 
 
 def admit_model_call(
@@ -99,7 +95,7 @@ def admit_model_call(
     max_cost = limits.max_cost_micros
     spent = used.cost_micros + used.reserved_micros
     reason: EndReason | None = stopped
-    if reason is None and _deadline_passed(task, now):
+    if reason is None and deadline_passed(task, now):
         reason = EndReason.DEADLINE
     if reason is None and used.tokens >= limits.max_tokens:
         reason = EndReason.TOKEN_BUDGET
@@ -202,7 +198,7 @@ def _rule_stopped(ask: _Ask) -> _Answer | None:
 
 
 def _rule_deadline(ask: _Ask) -> _Answer | None:
-    return _ended(ask, EndReason.DEADLINE) if _deadline_passed(ask.task, ask.now) else None
+    return _ended(ask, EndReason.DEADLINE) if deadline_passed(ask.task, ask.now) else None
 
 
 def _rule_known_call_id(ask: _Ask) -> _Answer | None:

@@ -75,6 +75,15 @@ def reactivate(task: Task, now: float) -> Task:
     return replace(task, activations=task.activations + 1, updated_at=now)
 
 
+def deadline_passed(task: Task, now: float) -> bool:
+    """Whether ``deadline_s`` seconds have passed since the task was created
+    (at the deadline itself counts as passed). Both a call admitted and a
+    result recorded at or after it end the task ``partial``, ``deadline``, as
+    the reference runner 000 checks its clock before dispatch and again after
+    the result."""
+    return now - task.created_at >= task.limits.deadline_s
+
+
 def elapsed_s(task: Task, now: float) -> float:
     """Seconds since the task was created (until it ended)."""
     return round(max(0.0, (task.ended_at or now) - task.created_at), 3)

@@ -85,7 +85,7 @@ class TaskLimits:
 
 @dataclass(frozen=True)
 class LimitRule:
-    """What one limit counts, as the README's table of limits says it.
+    """What one limit counts, as the docs' table of limits says it (one row).
 
     :ivar counts: what is counted; "N allowed, the N+1-th denied" unless said.
     :ivar scope: ``per task``, ``per tool``, ``per revision`` or ``in a row``.
@@ -102,7 +102,8 @@ class LimitRule:
     resume_resets: bool
 
 
-#: Every limit, in the order of the README's table (tested against it).
+#: Every limit, in the order of the docs' table of limits (tested against it); a
+#: limit that ends the task at two kinds of step has one row for each.
 LIMITS: tuple[LimitRule, ...] = (
     LimitRule("max_model_calls", "model_budget", "model turns admitted", "per task", True, False),
     LimitRule(
@@ -135,6 +136,15 @@ LIMITS: tuple[LimitRule, ...] = (
         True,
     ),
     LimitRule(
+        "max_idle",
+        "no_progress",
+        "retryable or lost read results whose revision does not rise, each one also a retry "
+        "(the N-th ends the task, before max_retries when both are reached)",
+        "since the last progress",
+        True,
+        True,
+    ),
+    LimitRule(
         "max_cycle_repeats",
         "cycle",
         "occurrences in a row of one block of 2+ calls (the call completing the N-th is denied)",
@@ -154,7 +164,8 @@ LIMITS: tuple[LimitRule, ...] = (
     LimitRule(
         "max_retries",
         "retry_budget",
-        "retryable or lost results; a success starts it again",
+        "retryable or lost results, each one also idle (the N+1-th ends the task); "
+        "a success starts it again",
         "in a row",
         True,
         False,
@@ -163,6 +174,15 @@ LIMITS: tuple[LimitRule, ...] = (
         "deadline_s",
         "deadline",
         "seconds since the task was created (a call at N or later is denied)",
+        "per task",
+        True,
+        False,
+    ),
+    LimitRule(
+        "deadline_s",
+        "deadline",
+        "seconds since the task was created, at a result (a result recorded at N or later "
+        "ends the task, once its write is settled)",
         "per task",
         True,
         False,

@@ -17,18 +17,29 @@
    none`` -> ``invalid_evidence``; ``done`` with ``effect: not_committed`` ->
    ``unknown_commit`` (as the reference runners decide); a retryable write not proven
    ``not_committed`` -> ``retry_after_commit``;
-8. a cursor check that found a cycle -> ``cycle``;
-9. ``fatal`` -> ``fatal_result``; ``needs_human`` -> ``human_input``;
-10. ``retryable`` or ``unknown`` (a read): one more failure in a row; past
-    ``max_retries`` -> ``retry_budget``;
-11. ``ok``: the run of failures ends; a poll counts unchanged results in a
+8. the result is recorded at or after the task's deadline -> ``partial``,
+   ``deadline`` (reference runner 000 checks its clock again once the
+   result is in): after the ledger settled the write (a committed receipt
+   is kept) and after every reason above (an uncertain write still ends
+   ``needs_reconciliation``); before every reason below, so a late result
+   is not counted as progress and a late ``done`` does not complete the task;
+9. a cursor check that found a cycle -> ``cycle``;
+10. ``fatal`` -> ``fatal_result``; ``needs_human`` -> ``human_input``;
+11. ``retryable`` or ``unknown`` (a read): one more failure in a row, and,
+    like every result whose revision does not rise, one idle result (a
+    revision above the current one is progress, as both reference runners
+    count it); ``max_idle`` idle results -> ``no_progress``, else past
+    ``max_retries`` -> ``retry_budget`` (when both are reached at one result,
+    ``no_progress`` wins: it is the stop both reference runners make there,
+    and they have no retry allowance of their own);
+12. ``ok``: the run of failures ends; a poll counts unchanged results in a
     row; a revision above the current one is progress (idle count back to
     0); otherwise the result is idle when it carries a revision, repeats a
     result seen before or failed its check (a result with no evidence and
     new content is neither; a poll is never idle: it is waiting);
-12. ``done: true`` -> ``completed``, ``verified_done`` (before the idle
+13. ``done: true`` -> ``completed``, ``verified_done`` (before the idle
     count, as the reference runners decide);
-13. ``max_idle`` idle results -> ``no_progress``; ``max_unchanged_polls``
+14. ``max_idle`` idle results -> ``no_progress``; ``max_unchanged_polls``
     unchanged poll results in a row -> ``poll_stalled``.
 """
 
@@ -39,7 +50,7 @@ from typing import Any
 
 from sidecar.core.operations import Operation
 from sidecar.core.tasks.ledger_bridge import settle_write
-from sidecar.core.tasks.lifecycle import end, idle_step
+from sidecar.core.tasks.lifecycle import deadline_passed, end, idle_step
 from sidecar.core.tasks.outcomes import EndReason, ResultDecision, ResultOutcome
 from sidecar.core.tasks.state import (
     CALL_HISTORY,
@@ -169,27 +180,37 @@ def record_result(
     if write_ends is not None:
         return ended(write_ends)
     # 8
+    if deadline_passed(task, now):
+        return ended(EndReason.DEADLINE)
+    # 9
     if check is not None and not check.passed and check.reason == "cycle":
         return ended(EndReason.CYCLE)
-    # 9
+    # 10
     if res.status is ResultStatus.FATAL:
         return ended(EndReason.FATAL_RESULT)
     if res.status is ResultStatus.NEEDS_HUMAN:
         return ended(EndReason.HUMAN_INPUT)
     limits = task.limits
-    # 10
+    rose = ev is not None and ev.revision is not None and ev.revision > task.validated_revision
+    # 11
     if res.status in (ResultStatus.RETRYABLE, ResultStatus.UNKNOWN):
         retries = task.used.retries + 1
         task = replace(task, used=replace(task.used, retries=retries))
+        idle_exhausted = False
+        if rose and not check_failed and ev is not None and ev.revision is not None:
+            task = progress(task, ev.revision, task.last_good)  # a failure is not a good result
+        else:
+            task, idle_exhausted = idle_step(task)
+        if idle_exhausted:
+            return ended(EndReason.NO_PROGRESS)
         if retries > limits.max_retries:
             return ended(EndReason.RETRY_BUDGET)
         return task, new_op, ResultOutcome(ResultDecision.RECORDED, None)
 
-    # 11
+    # 12
     if task.used.retries:
         task = replace(task, used=replace(task.used, retries=0))
     result_print = res.result_fp[:PRINT_DIGITS]
-    rose = ev is not None and ev.revision is not None and ev.revision > task.validated_revision
     idle_exhausted = stalled = False
     if kind is CallKind.POLL:
         unchanged = task.used.unchanged_polls + 1 if result_print == task.last_poll else 0
@@ -209,10 +230,10 @@ def record_result(
         task, idle_exhausted = idle_step(task)
     if kind is not CallKind.POLL:
         task = replace(task, results_seen=(*task.results_seen, result_print)[-CALL_HISTORY:])
-    # 12
+    # 13
     if ev is not None and ev.done:
         return ended(EndReason.VERIFIED_DONE)
-    # 13
+    # 14
     if idle_exhausted:
         return ended(EndReason.NO_PROGRESS)
     if stalled:
