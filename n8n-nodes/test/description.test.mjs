@@ -1,5 +1,7 @@
 // The node description (outputs, operations) and the credential.
 import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { describe, it } from 'node:test';
 import {
 	ACCEPTED_ANSWER,
@@ -181,5 +183,27 @@ describe('credential', () => {
 		assert.equal(byName.baseUrl.default, 'http://127.0.0.1:8765');
 		assert.equal(byName.token.type, 'string');
 		assert.equal(byName.token.typeOptions?.password, true);
+	});
+});
+
+describe('icons', () => {
+	it('the node and the credential point at the one copy of each icon, in dist/', () => {
+		const built = {
+			'dist/nodes/LoopStop': new LoopStop().description.icon,
+			'dist/credentials': new LoopStopApi().icon,
+		};
+		const seen = new Set();
+		for (const [dir, icon] of Object.entries(built)) {
+			for (const ref of [icon.light, icon.dark]) {
+				assert.match(ref, /^file:/);
+				const file = resolve(dir, ref.slice('file:'.length));
+				assert.ok(existsSync(file), `${ref} from ${dir} exists`);
+				seen.add(file);
+			}
+		}
+		assert.deepEqual([...seen].sort(), [
+			resolve('dist/icons/loopstop.dark.svg'),
+			resolve('dist/icons/loopstop.svg'),
+		]);
 	});
 });

@@ -1,5 +1,6 @@
 // Which output each answer goes to, and what the output items hold.
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
 import {
 	ACCEPTED_ANSWER,
@@ -13,19 +14,26 @@ import {
 	runError,
 } from './context.mjs';
 
+/**
+ * The decisions and reasons the sidecar answers per operation, written from its
+ * /openapi.json and enums by `python tests/node_contract.py` (and checked to be
+ * current by tests/test_node_contract.py).
+ */
+const CONTRACT = JSON.parse(readFileSync(new URL('./contract.json', import.meta.url), 'utf8'));
+
 /** Each branching operation: [answer, output index, output name]. */
 const ROUTES = {
 	'activation.checkTrigger': [
-		[{ decision: 'proceed', reason: 'new', chain_id: 'c1' }, 0, 'Proceed'],
+		[{ decision: 'proceed', reason: 'new_chain', chain_id: 'c1' }, 0, 'Proceed'],
 		[{ decision: 'drop', reason: 'echo' }, 1, 'Drop'],
 	],
 	'operation.begin': [
 		[{ decision: 'execute', reason: 'new', operation: { attempt: 1 } }, 0, 'Execute'],
 		[{ decision: 'replay', reason: 'committed', operation: { receipt: { id: 1 } } }, 1, 'Replay'],
-		[{ decision: 'in_progress', reason: 'leased' }, 2, 'Wait'],
-		[{ decision: 'reconcile', reason: 'unknown_outcome' }, 3, 'Reconcile'],
+		[{ decision: 'in_progress', reason: 'lease_held' }, 2, 'Wait'],
+		[{ decision: 'reconcile', reason: 'outcome_unknown' }, 3, 'Reconcile'],
 		[{ decision: 'conflict', reason: 'payload_mismatch' }, 4, 'Refused'],
-		[{ decision: 'stopped', reason: 'task_stopped' }, 4, 'Refused'],
+		[{ decision: 'stopped', reason: 'workflow_stopped' }, 4, 'Refused'],
 		[{ decision: 'exhausted', reason: 'max_attempts' }, 4, 'Refused'],
 	],
 	'task.admitToolCall': [
@@ -34,13 +42,13 @@ const ROUTES = {
 		[{ decision: 'deny', reason: 'same_call', message: 'Stop repeating.' }, 2, 'Deny'],
 	],
 	'task.complete': [
-		[{ decision: 'completed', reason: 'check_passed' }, 0, 'Done'],
+		[{ decision: 'completed', reason: 'verified_done' }, 0, 'Done'],
 		[{ decision: 'continue', reason: 'check_failed' }, 1, 'Continue'],
-		[{ decision: 'ended', reason: 'budget' }, 2, 'Ended'],
+		[{ decision: 'ended', reason: 'model_budget' }, 2, 'Ended'],
 	],
 	'check.run': [
-		[{ passed: true, reason: 'found', revision: 3, evidence: {} }, 0, 'Pass'],
-		[{ passed: false, reason: 'not_found', revision: null, evidence: {} }, 1, 'Fail'],
+		[{ passed: true, reason: 'passed', revision: 3, evidence: {} }, 0, 'Pass'],
+		[{ passed: false, reason: 'unexpected_status', revision: null, evidence: {} }, 1, 'Fail'],
 	],
 };
 
@@ -94,6 +102,36 @@ describe('branching operations route every decision', () => {
 				);
 			});
 		}
+	}
+});
+
+describe('the fixtures speak the sidecar contract', () => {
+	it('every branching operation has a contract entry', () => {
+		assert.deepEqual(Object.keys(ROUTES).sort(), Object.keys(CONTRACT).sort());
+	});
+	for (const [key, routes] of Object.entries(ROUTES)) {
+		const contract = CONTRACT[key];
+		it(`${key}: every fixture's decision and reason is one the sidecar sends`, () => {
+			for (const [answer] of routes) {
+				if ('decision' in answer)
+					assert.ok(contract.decisions.includes(answer.decision), answer.decision);
+				else assert.ok(contract.passed.includes(answer.passed), String(answer.passed));
+				if (answer.reason != null)
+					assert.ok(contract.reasons.includes(answer.reason), answer.reason);
+			}
+		});
+		it(`${key}: every decision the sidecar sends lands on a named output`, async () => {
+			const names = outputsFor(paramsFor(key)).map((o) => o.displayName);
+			const values = contract.decisions ?? contract.passed;
+			const field = contract.decisions ? 'decision' : 'passed';
+			const routed = new Set(routes.map(([answer]) => answer[field]));
+			assert.deepEqual([...routed].sort(), [...values].sort(), 'a fixture for every decision');
+			for (const value of values) {
+				const { out } = await run({ params: paramsFor(key), answers: [ok({ [field]: value })] });
+				const landed = out.findIndex((o) => o.length === 1);
+				assert.ok(landed >= 0 && names[landed], `${field} ${value} lands on an output`);
+			}
+		});
 	}
 });
 

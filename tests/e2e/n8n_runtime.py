@@ -117,14 +117,22 @@ class Install:
 
 
 def build_node_package() -> Path:
-    """``npm ci`` (when needed) and ``npm run build`` in ``n8n-nodes/``; returns its folder."""
+    """``npm ci`` (when needed) and ``npm run build`` in ``n8n-nodes/``; returns its folder.
+
+    The build runs on the Node 24 installed beside n8n when that install
+    exists (the version n8n's node CLI asks for), else on the Node on PATH.
+    """
     npm = shutil.which("npm") or "npm"
+    node_bin = Install().node_dir / "bin"
+    env = dict(os.environ)
+    if (node_bin / "node").exists():
+        env["PATH"] = f"{node_bin}{os.pathsep}{env['PATH']}"
     lock = NODES_PACKAGE / "package-lock.json"
     stamp = NODES_PACKAGE / "node_modules" / ".loopstop-lock"
     if not stamp.exists() or stamp.read_text().strip() != _digest(lock):
-        _run([npm, "ci"], cwd=NODES_PACKAGE)
+        _run([npm, "ci"], cwd=NODES_PACKAGE, env=env)
         stamp.write_text(_digest(lock) + "\n")
-    _run([npm, "run", "build"], cwd=NODES_PACKAGE)
+    _run([npm, "run", "build"], cwd=NODES_PACKAGE, env=env)
     return NODES_PACKAGE
 
 

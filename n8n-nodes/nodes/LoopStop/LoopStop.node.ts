@@ -38,7 +38,7 @@ export class LoopStop implements INodeType {
 	description: INodeTypeDescription = {
 		displayName: 'Loop Stop',
 		name: 'loopStop',
-		icon: { light: 'file:loopstop.svg', dark: 'file:loopstop.dark.svg' },
+		icon: { light: 'file:../../icons/loopstop.svg', dark: 'file:../../icons/loopstop.dark.svg' },
 		group: ['transform'],
 		version: 1,
 		subtitle: '={{$parameter["operation"] + ": " + $parameter["resource"]}}',
