@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictInt
 
+from sidecar.core.executions import EXECUTION_ID_PATTERN
 from sidecar.core.operations import (
     BeginDecision,
     BeginOutcome,
@@ -92,7 +93,7 @@ ExecutionIdField = Annotated[
     str | None,
     Field(
         default=None,
-        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        pattern=EXECUTION_ID_PATTERN,
         description="n8n's `$execution.id`: a chain or task stop stops the executions "
         "that acted for it.",
     ),
