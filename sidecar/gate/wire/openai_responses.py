@@ -39,7 +39,15 @@ from sidecar.gate.wire.base import (
 
 _CALL_EVENTS = ("response.function_call_arguments.delta", "response.function_call_arguments.done")
 _FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
-ZERO_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+#: The usage of an answer the gate writes itself (the Responses API's usage object
+#: has its details members: the SDK's ``ResponseUsage`` requires them).
+ZERO_USAGE = {
+    "input_tokens": 0,
+    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+    "output_tokens": 0,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 0,
+}
 
 
 def _message_item(text: str, item_id: str, status: str = "completed") -> dict[str, Any]:
@@ -273,7 +281,7 @@ class OpenAIResponses(OpenAIBase):
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
-            "usage": dict(ZERO_USAGE),
+            "usage": copy.deepcopy(ZERO_USAGE),
             "metadata": {},
         }
 
