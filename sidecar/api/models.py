@@ -32,6 +32,7 @@ OPERATION_ID_PATTERN = r"^(?!\.{1,2}$)[A-Za-z0-9._:@-]{1,200}$"
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
 
 _OPERATION_ID = re.compile(OPERATION_ID_PATTERN)
+_EXECUTION_ID = re.compile(EXECUTION_ID_PATTERN)
 _NAME = re.compile(NAME_PATTERN)
 
 
@@ -89,6 +90,12 @@ ExecutionModeField = Annotated[
 ]
 
 
+def _execution_id(value: str | None) -> str | None:
+    if value is not None and not _EXECUTION_ID.fullmatch(value):
+        raise ValueError(f"must match {EXECUTION_ID_PATTERN}")
+    return value
+
+
 ExecutionIdField = Annotated[
     str | None,
     Field(
@@ -97,6 +104,7 @@ ExecutionIdField = Annotated[
         description="n8n's `$execution.id`: a chain or task stop stops the executions "
         "that acted for it.",
     ),
+    AfterValidator(_execution_id),  # whole: the pattern's ``$`` passes a final newline
 ]
 
 
