@@ -150,7 +150,7 @@ def create_app(
         chains=chain_service,
         tasks=task_service,
         checks=check_service,
-        model_gate=ModelGate(settings.model_gate, task_service, session, env),
+        model_gate=ModelGate(settings.model_gate, task_service, session, env, clock),
         stops=StopService(
             store,
             chain_service,

@@ -191,6 +191,40 @@ class GateNotConfigured(LoopstopError):
     title = "Model gate not configured"
 
 
+class UpstreamError(LoopstopError):
+    """Raised when the upstream model answered an error, garbage, or could not be reached.
+
+    Rendered in the API's own error shape (``body``, made by the wire
+    adapter: ``{"error": {...}}`` for OpenAI) with ``status``, which is what
+    n8n's chat model nodes understand, not as problem+json.
+
+    :param status: the HTTP status to answer (the upstream's own error status,
+        504 for a timeout, 502 for an unreachable or unreadable upstream).
+    :param reason: how reading the answer failed (``timeout``,
+        ``upstream_stream_cut``), None when the upstream answered an error
+        status or could not be reached.
+    :param received: the bytes of the answer read before it failed.
+    """
+
+    status = 502
+    slug = "upstream-error"
+    title = "Upstream model error"
+
+    def __init__(
+        self, status: int, body: dict[str, Any], *, reason: str | None = None, received: int = 0
+    ) -> None:
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        super().__init__(str(message or "upstream error"))
+        self.status = status
+        self.body = body
+        self.reason = reason
+        self.received = received
+        #: the turn it ended, for the decision log (None: no turn was admitted);
+        #: the gate service's ``TurnRecord``
+        self.record: object | None = None
+
+
 class ConfigError(LoopstopError):
     """Raised when the configuration (file or environment) is invalid.
 

@@ -123,6 +123,14 @@ CASES: list[tuple[str, dict[str, Any], int, str, list[Any] | None]] = [
         ["body", "execution_mode"],
     ),
     (
+        # the pattern's $ (Python's re) also matches before a final newline
+        "execution id with a final newline",
+        {"json": {"payload": 1, "execution_id": "4711\n"}},
+        422,
+        "validation-failed",
+        ["body", "execution_id"],
+    ),
+    (
         "deep nesting",
         {
             "data": b'{"payload": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",

@@ -805,8 +805,7 @@ def test_concurrent_answered_turns_settle_within_the_budget(
 )
 def test_odd_tool_call_arguments_are_fingerprinted_never_a_500(api: Api, arguments: str) -> None:
     """Whatever a model writes as a call's arguments, the call can be admitted."""
-    from sidecar.service.model_gate import Api as GateApi
-    from sidecar.service.model_gate import proposals
+    from sidecar.gate.wire import OPENAI_CHAT
 
     answer = {
         "choices": [
@@ -817,7 +816,7 @@ def test_odd_tool_call_arguments_are_fingerprinted_never_a_500(api: Api, argumen
             }
         ]
     }
-    (call,) = proposals(GateApi.CHAT, answer)
+    (call,) = OPENAI_CHAT.read_answer(answer).proposals
     a = Agent(api)
     out = a.call(call.tool, call.args, call_id="c1")
     assert out["decision"] == "execute"
@@ -833,11 +832,15 @@ def test_odd_tool_call_arguments_are_fingerprinted_never_a_500(api: Api, argumen
     ],
 )
 def test_malformed_proposals_are_read_as_none_or_empty(answer: dict[str, Any]) -> None:
-    from sidecar.service.model_gate import Api as GateApi
-    from sidecar.service.model_gate import proposals
+    from sidecar.gate.wire import OPENAI_CHAT, OPENAI_RESPONSES
+    from sidecar.gate.wire.base import NotThisAnswer
 
-    for which in (GateApi.CHAT, GateApi.RESPONSES):
-        for call in proposals(which, answer):
+    for adapter in (OPENAI_CHAT, OPENAI_RESPONSES):
+        try:
+            read = adapter.read_answer(answer)
+        except NotThisAnswer:
+            continue  # not this API's answer at all: refused as a bad upstream answer
+        for call in read.proposals:
             assert call.tool == ""
 
 

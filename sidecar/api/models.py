@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictInt
 
+from sidecar.core.executions import EXECUTION_ID_PATTERN
 from sidecar.core.operations import (
     BeginDecision,
     BeginOutcome,
@@ -31,6 +32,7 @@ OPERATION_ID_PATTERN = r"^(?!\.{1,2}$)[A-Za-z0-9._:@-]{1,200}$"
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
 
 _OPERATION_ID = re.compile(OPERATION_ID_PATTERN)
+_EXECUTION_ID = re.compile(EXECUTION_ID_PATTERN)
 _NAME = re.compile(NAME_PATTERN)
 
 
@@ -88,14 +90,21 @@ ExecutionModeField = Annotated[
 ]
 
 
+def _execution_id(value: str | None) -> str | None:
+    if value is not None and not _EXECUTION_ID.fullmatch(value):
+        raise ValueError(f"must match {EXECUTION_ID_PATTERN}")
+    return value
+
+
 ExecutionIdField = Annotated[
     str | None,
     Field(
         default=None,
-        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        pattern=EXECUTION_ID_PATTERN,
         description="n8n's `$execution.id`: a chain or task stop stops the executions "
         "that acted for it.",
     ),
+    AfterValidator(_execution_id),  # whole: the pattern's ``$`` passes a final newline
 ]
 
 

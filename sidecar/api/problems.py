@@ -9,7 +9,13 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from sidecar import metrics
-from sidecar.errors import PROBLEM_TYPE_PREFIX, LoopstopError, PayloadTooLarge, StoreUnavailable
+from sidecar.errors import (
+    PROBLEM_TYPE_PREFIX,
+    LoopstopError,
+    PayloadTooLarge,
+    StoreUnavailable,
+    UpstreamError,
+)
 
 log = logging.getLogger("loopstop")
 
@@ -46,11 +52,9 @@ def register(app: Flask, render_extra: Any) -> None:
         record on a 409) into JSON (``(name, value, request) -> value``).
     """
 
-    from sidecar.service.model_gate import UpstreamError
-
     @app.errorhandler(UpstreamError)
     def _upstream(exc: UpstreamError) -> Response:
-        # The upstream model's error, relayed OpenAI-style with the same status class.
+        # The upstream model's error, relayed in the API's own shape (made by its adapter).
         resp = jsonify(exc.body)
         resp.status_code = exc.status
         return resp

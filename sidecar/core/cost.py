@@ -3,7 +3,7 @@
 A model's price is per million tokens, input and output apart, in the
 configured currency (``model_gate.prices``). Before a turn is forwarded the
 gate reserves its worst case: the request's input estimate plus every
-output token it allows (its ``max_output_tokens`` / ``max_tokens``, or the
+output token it allows (as the request's wire format says, or the
 configured default), at the model's prices; the task refuses the turn when
 that reservation would pass ``max_cost`` (:func:`sidecar.core.tasks.admit_model_call`).
 After the turn, :func:`settled_cost` says what to charge instead of the
@@ -17,9 +17,7 @@ reservation:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 #: Tokens in one priced unit (prices are per million tokens).
 PER = 1_000_000
@@ -37,42 +35,22 @@ class Price:
         return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / PER
 
 
-def max_output_tokens(body: Mapping[str, Any], default: int) -> int:
-    """The most output a request allows: ``max_output_tokens`` (Responses),
-    ``max_completion_tokens`` or ``max_tokens`` (chat), else ``default``."""
-    for name in ("max_output_tokens", "max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return default
-
-
 def worst_case(price: Price, input_estimate: int, max_output: int) -> float:
     """The reservation for a turn: its input estimate and all the output it allows."""
     return price.of(max(0, input_estimate), max(0, max_output))
 
 
-def usage_split(usage: Any) -> tuple[int, int] | None:
-    """``(input, output)`` tokens of a usage object of either OpenAI API
-    (``input_tokens``/``output_tokens`` or ``prompt_tokens``/``completion_tokens``);
-    None when it is missing or malformed."""
-    if not isinstance(usage, Mapping):
-        return None
-    for names in (("input_tokens", "output_tokens"), ("prompt_tokens", "completion_tokens")):
-        parts = [usage.get(n) for n in names]
-        if all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts):
-            return int(parts[0]), int(parts[1])  # type: ignore[arg-type]
-    return None
-
-
-def settled_cost(price: Price, reserved: float, usage: Any, *, answered: bool) -> float:
+def settled_cost(
+    price: Price, reserved: float, split: tuple[int, int] | None, *, answered: bool
+) -> float:
     """What a turn costs once it is over (rules 1-3 of this module).
 
+    :param split: the ``(input, output)`` tokens the upstream reported (read
+        by the wire adapter), None when it reported none.
     :param answered: False when the upstream answered an error status.
     """
     if not answered:
         return 0.0
-    split = usage_split(usage)
     if split is None:
         return reserved
     return price.of(*split)

@@ -33,6 +33,11 @@ STOPPABLE = frozenset({"new", "running", "waiting", "unknown"})
 
 ExecutionMode = Literal["test", "production"]
 
+#: What an n8n execution id may be wherever loopstop takes one (the API's
+#: ``execution_id`` fields, the model gate's ``loopstop-execution`` line): n8n's
+#: ids are decimal; nothing here is ever a path segment such as ``..``.
+EXECUTION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
 
 def mode_of_n8n(n8n_mode: str | None) -> ExecutionMode:
     """n8n's execution ``mode`` as a node sees it in ``$execution.mode``."""

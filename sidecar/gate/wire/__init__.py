@@ -1,0 +1,19 @@
+"""One pure adapter per wire format the model gate speaks (DESIGN §5, STYLE 18).
+
+:mod:`sidecar.gate.wire.base` holds the protocol (:class:`WireAdapter`,
+:class:`StreamReader`) and the typed values they speak; each format is one
+module. The service orchestrates adapters and never branches on the format.
+"""
+
+from __future__ import annotations
+
+from sidecar.gate.wire.base import WireAdapter
+from sidecar.gate.wire.openai_chat import OpenAIChat
+from sidecar.gate.wire.openai_responses import OpenAIResponses
+
+#: Chat Completions (``/chat/completions``).
+OPENAI_CHAT: WireAdapter = OpenAIChat()
+#: The Responses API (``/responses``).
+OPENAI_RESPONSES: WireAdapter = OpenAIResponses()
+
+__all__ = ["OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]

@@ -1,0 +1,148 @@
+"""What both OpenAI APIs share: errors, usage, output limits and the model list."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sidecar.errors import MalformedRequest
+from sidecar.gate.wire.base import Framing, Usage, sse
+
+
+def bad(field_path: str, msg: str) -> MalformedRequest:
+    """A 400 naming the dotted ``field_path`` of the body."""
+    return MalformedRequest(
+        f"{field_path}: {msg}", errors=[{"loc": ["body", *field_path.split(".")], "msg": msg}]
+    )
+
+
+def validate_common(body: Mapping[str, Any]) -> None:
+    """``stream`` and ``model``, as both APIs take them.
+
+    :raises MalformedRequest: naming the field.
+    """
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise bad("stream", "must be a boolean")
+    if "model" in body and not isinstance(body["model"], str):
+        raise bad("model", "must be a string")
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+        )
+    return ""
+
+
+def is_system(item: Any) -> bool:
+    """A ``system`` or ``developer`` message (a chat message or a Responses input item)."""
+    return (
+        isinstance(item, dict)
+        and item.get("role") in ("system", "developer")
+        and item.get("type", "message") == "message"
+    )
+
+
+def _count(value: Any) -> int | None:
+    """``value`` when it is a token count (an int >= 0, not a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def split(usage: Any) -> tuple[int, int] | None:
+    """``(input, output)`` tokens of a usage object of either OpenAI API
+    (``input_tokens``/``output_tokens`` or ``prompt_tokens``/``completion_tokens``)."""
+    if not isinstance(usage, Mapping):
+        return None
+    for names in (("input_tokens", "output_tokens"), ("prompt_tokens", "completion_tokens")):
+        first, second = (_count(usage.get(n)) for n in names)
+        if first is not None and second is not None:
+            return first, second
+    return None
+
+
+def read_usage(usage: Any, names: tuple[str, ...]) -> Usage:
+    """A usage object whose turn's tokens are the sum of ``names``."""
+    if not isinstance(usage, dict):
+        return Usage()
+    parts = [_count(usage.get(n)) for n in names]
+    tokens = None if None in parts else sum(p for p in parts if p is not None)
+    return Usage(tokens, split(usage))
+
+
+def max_output_tokens(body: Mapping[str, Any]) -> int | None:
+    """``max_output_tokens`` (Responses), ``max_completion_tokens`` or ``max_tokens`` (chat)."""
+    for name in ("max_output_tokens", "max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def error_body(message: str, code: str, kind: str = "loopstop_gate") -> dict[str, Any]:
+    """OpenAI's error object (``{"error": {message, type, code, param}}``)."""
+    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
+
+
+def upstream_error_body(status: int, answer: Any) -> dict[str, Any]:
+    """The upstream's own error body when it is OpenAI-style, else one naming ``status``."""
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        return answer
+    return error_body(f"the upstream model answered {status}", "upstream_error")
+
+
+def error_event(message: str, code: str) -> bytes:
+    """An error the OpenAI client raises mid-stream (an event with an ``error`` member)."""
+    body = error_body(message, code, "upstream_error")
+    return sse({"type": "error", **body, "message": message, "code": code}, "error")
+
+
+def model_list(listed: Any, default_model: str) -> dict[str, Any]:
+    """``GET /models``: the upstream's list, or one naming ``default_model``."""
+    if isinstance(listed, dict) and isinstance(listed.get("data"), list):
+        return listed
+    return {
+        "object": "list",
+        "data": [{"id": default_model, "object": "model", "created": 0, "owned_by": "loopstop"}],
+    }
+
+
+class OpenAIBase:
+    """The members both OpenAI adapters share."""
+
+    framing = Framing.SSE
+    models_path = "/models"
+
+    def streaming(self, body: Mapping[str, Any]) -> bool:
+        """``stream: true``."""
+        return bool(body.get("stream"))
+
+    def model(self, body: Mapping[str, Any], route: Mapping[str, str]) -> str | None:
+        """The body's ``model``."""
+        model = body.get("model")
+        return model if isinstance(model, str) and model else None
+
+    def max_output_tokens(self, body: Mapping[str, Any]) -> int | None:
+        """See :func:`max_output_tokens`."""
+        return max_output_tokens(body)
+
+    def error_body(self, message: str, code: str, kind: str = "loopstop_gate") -> dict[str, Any]:
+        """See :func:`error_body`."""
+        return error_body(message, code, kind)
+
+    def upstream_error_body(self, status: int, answer: Any) -> dict[str, Any]:
+        """See :func:`upstream_error_body`."""
+        return upstream_error_body(status, answer)
+
+    def error_event(self, message: str, code: str) -> bytes:
+        """See :func:`error_event`."""
+        return error_event(message, code)
+
+    def model_list(self, listed: Any, default_model: str) -> dict[str, Any]:
+        """See :func:`model_list`."""
+        return model_list(listed, default_model)

@@ -1,0 +1,350 @@
+"""What every wire-format adapter of the model gate speaks (DESIGN §5, STYLE 18).
+
+An adapter is pure: it reads a request's parts, an upstream's answer and
+its stream, and renders the gate's own answers, with no socket, no clock
+and no randomness. What must be new per answer (ids, the creation time)
+comes in as a :class:`Stamp` the service makes from its injected clock.
+
+A stream is split into :class:`Frame` values by the outbound layer (the
+:class:`Framing` says how: Server-Sent Events now, NDJSON for Ollama); an
+adapter's :class:`StreamReader` turns frames into :class:`StreamEvent`
+values: text passed on as it arrives, tool-call fragments held until the
+proposal is decided, the turn's final proposals and usage, or the
+upstream's own error event.
+
+Room is left for what is not built yet: putting an exchange of the gate's
+own into the conversation (``with_exchange(body, proposal, output_text)``,
+DESIGN §5.1), and APIs that give calls no id (Gemini, Ollama), whose
+proposals the adapter would number by position in ``call_id``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from sidecar.canonical import canonical_json
+
+#: Characters per token of the estimate used when the upstream reports no
+#: usage (a cut stream): the usual 4 characters of English per token.
+CHARS_PER_TOKEN = 4
+
+
+class Framing(StrEnum):
+    """How an upstream stream is split into frames."""
+
+    SSE = "sse"  # W3C Server-Sent Events (OpenAI, Anthropic, Gemini ``alt=sse``)
+    NDJSON = "ndjson"  # one JSON document per line (Ollama)
+
+    @property
+    def content_type(self) -> str:
+        """The media type an upstream answering a stream request must send."""
+        return "text/event-stream" if self is Framing.SSE else "application/x-ndjson"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of an upstream stream: an SSE event's data and name (None for
+    the default ``message``), or one NDJSON line (``event`` None)."""
+
+    data: str
+    event: str | None = None
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What is new in an answer the gate writes: ``created`` (Unix seconds) and
+    ``token`` (a hex string unique to the answer, the tail of its ids)."""
+
+    created: int
+    token: str
+
+    def id(self, prefix: str) -> str:
+        """An id of the answer: ``prefix`` and the token."""
+        return prefix + self.token
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's output the agent sends back: the call it answers and its content."""
+
+    call_id: str
+    output: Any
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A tool call the upstream proposes: its id (``""`` when it gave none), tool
+    name and parsed arguments (:func:`parse_args`)."""
+
+    call_id: str
+    tool: str
+    args: Any
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an upstream reported a turn used: ``tokens`` as the API counts a
+    turn, and ``split``, ``(input, output)`` tokens for its price; each None
+    when not reported (or malformed)."""
+
+    tokens: int | None = None
+    split: tuple[int, int] | None = None
+
+
+NO_USAGE = Usage()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A non-streamed upstream answer, read: the calls it proposes and its usage."""
+
+    proposals: list[Proposal]
+    usage: Usage
+
+
+class NotThisAnswer(Exception):
+    """Raised by :meth:`WireAdapter.read_answer` when the upstream answered
+    something that is not this API's answer; the message says what it is not."""
+
+
+class StreamBroken(Exception):
+    """Raised when an upstream stream is cut, too slow or unreadable.
+
+    :ivar code: the error code the agent sees (``timeout``,
+        ``upstream_stream_cut``, ``bad_upstream_response``), also the turn's
+        reason in the decision log.
+    """
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A stream event relayed as it arrives; ``chars`` of model text it carries."""
+
+    raw: bytes
+    chars: int = 0
+
+
+@dataclass(frozen=True)
+class Held:
+    """A stream event of a tool-call proposal, held until the proposal is decided."""
+
+    raw: bytes
+    chars: int = 0
+
+
+@dataclass(frozen=True)
+class Final:
+    """The end of the turn's stream: the calls it proposes and its usage."""
+
+    proposals: list[Proposal]
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The upstream's own error event, relayed as is; the stream ends with it."""
+
+    raw: bytes
+
+
+StreamEvent = Passed | Held | Final | ErrorEvent
+
+
+class StreamReader(Protocol):
+    """Reads one upstream stream (one per turn; it keeps what it needs to finish)."""
+
+    def feed(self, frame: Frame) -> list[StreamEvent]:
+        """The events one frame makes; after a :class:`Final` or an
+        :class:`ErrorEvent` nothing more is fed.
+
+        :raises StreamBroken: the frame is unreadable.
+        """
+        ...
+
+    def end(self) -> Final:
+        """The upstream ended the stream without a final event of its own.
+
+        :raises StreamBroken: the stream ended before the turn was complete.
+        """
+        ...
+
+    def finish(self, held: Sequence[Held], text: str | None, stamp: Stamp) -> list[bytes]:
+        """What to emit after the :class:`Final`: the held events as they came
+        (``text`` None: every proposal was admitted), or ``text`` as the final
+        message in place of the proposals; then the API's closing events."""
+        ...
+
+
+class WireAdapter(Protocol):
+    """One wire format the gate speaks (every method pure).
+
+    :ivar name: the API's name in the decision log (``chat``, ``responses``).
+    :ivar path: the upstream path a turn is forwarded to.
+    :ivar framing: how its streams are framed.
+    :ivar system_where: where its System Message stands (for the 400 naming no task).
+    :ivar models_path: the upstream path listing models.
+    """
+
+    name: str
+    path: str
+    framing: Framing
+    system_where: str
+    models_path: str
+
+    def validate(self, body: Mapping[str, Any]) -> None:
+        """Check the body has the API's shape (only what the gate reads).
+
+        :raises MalformedRequest: naming the field that is wrong.
+        """
+        ...
+
+    def streaming(self, body: Mapping[str, Any]) -> bool:
+        """Whether the request asks for a stream."""
+        ...
+
+    def model(self, body: Mapping[str, Any], route: Mapping[str, str]) -> str | None:
+        """The model the request names (in its body or its path, ``route``)."""
+        ...
+
+    def system_texts(self, body: Mapping[str, Any]) -> list[str]:
+        """The agent's System Message: the texts where the ``loopstop-*`` lines stand."""
+        ...
+
+    def tool_outputs(self, body: Mapping[str, Any]) -> list[ToolOutput]:
+        """The tool outputs the request carries back."""
+        ...
+
+    def offered_tools(self, body: Mapping[str, Any]) -> frozenset[str] | None:
+        """The names of the tools the request offers (None: it offers no tool list)."""
+        ...
+
+    def max_output_tokens(self, body: Mapping[str, Any]) -> int | None:
+        """The most output the request allows (None: it sets no limit)."""
+        ...
+
+    def read_answer(self, answer: Any) -> Answer:
+        """Read a non-streamed answer (its parsed JSON; None when it was not JSON).
+
+        :raises NotThisAnswer: it is not this API's answer.
+        """
+        ...
+
+    def usage(self, usage: Any) -> Usage:
+        """A usage object as the API reports it, read."""
+        ...
+
+    def with_wrap_up(self, body: Mapping[str, Any], note: str) -> dict[str, Any]:
+        """The request with ``note`` added as a last system message."""
+        ...
+
+    def forward_payload(self, body: Mapping[str, Any], model: str) -> dict[str, Any]:
+        """What is sent upstream: the request with its model (when one is known)
+        and whatever the gate needs the upstream to report (a stream's usage)."""
+        ...
+
+    def final_answer(self, text: str, model: str, stamp: Stamp) -> dict[str, Any]:
+        """The gate's own answer: one final assistant message."""
+        ...
+
+    def final_stream(
+        self, text: str, model: str, stamp: Stamp, body: Mapping[str, Any]
+    ) -> list[bytes]:
+        """The gate's own answer as a complete stream in the API's framing."""
+        ...
+
+    def replace_with_text(self, answer: Mapping[str, Any], text: str, stamp: Stamp) -> Any:
+        """The upstream's answer with its proposals replaced by one final message."""
+        ...
+
+    def error_body(self, message: str, code: str, kind: str = "loopstop_gate") -> dict[str, Any]:
+        """An error in the API's own shape."""
+        ...
+
+    def upstream_error_body(self, status: int, answer: Any) -> dict[str, Any]:
+        """The body relaying an upstream error status: its own body when it is in
+        the API's error shape, else one of the gate's naming the status."""
+        ...
+
+    def error_event(self, message: str, code: str) -> bytes:
+        """An error event that ends a stream which had begun (the API's client raises it)."""
+        ...
+
+    def stream_reader(self, body: Mapping[str, Any]) -> StreamReader:
+        """A reader for the stream answering ``body``."""
+        ...
+
+    def model_list(self, listed: Any, default_model: str) -> dict[str, Any]:
+        """The model list to answer: the upstream's when it is one, else ``default_model``."""
+        ...
+
+
+def parse_args(raw: Any) -> Any:
+    """A proposed call's arguments as a JSON value the guard can fingerprint.
+
+    The model's argument text is parsed when it is JSON; text that is not
+    (NaN, nesting past what can be parsed, a lone surrogate, a value of the
+    wrong type) is fingerprinted as the text itself, escaped where it cannot
+    be encoded: the same text is the same call, and no model output can fail
+    the turn.
+    """
+    text = raw if isinstance(raw, str) else None
+    value: Any = raw
+    if text is not None:
+        try:
+            value = json.loads(text, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            value = text
+    try:
+        canonical_json(value)
+        return value
+    except (ValueError, TypeError, RecursionError):
+        fallback = text if text is not None else repr(raw)
+        return fallback.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def estimate_tokens(body: Mapping[str, Any], output_chars: int) -> int:
+    """An estimate of a turn's tokens when the upstream reported none: the
+    request's JSON and the output seen so far, at :data:`CHARS_PER_TOKEN`
+    characters per token; never less than 1 (a turn is never free)."""
+    chars = len(json.dumps(body, separators=(",", ":"), default=str)) + output_chars
+    return max(1, chars // CHARS_PER_TOKEN)
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One Server-Sent Event (W3C EventSource): ``data`` is JSON-encoded unless a str."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return (head + "data: " + text.replace("\n", "\ndata: ") + "\n\n").encode()
+
+
+def sse_frame(frame: Frame) -> bytes:
+    """A frame written out again as the upstream sent it."""
+    return sse(frame.data, frame.event)
+
+
+def json_frame(frame: Frame) -> dict[str, Any]:
+    """A frame's data as a JSON object.
+
+    :raises StreamBroken: it is not one.
+    """
+    try:
+        data = json.loads(frame.data)
+    except ValueError:
+        raise StreamBroken(
+            "the upstream model sent an unreadable event", "bad_upstream_response"
+        ) from None
+    if not isinstance(data, dict):
+        raise StreamBroken("the upstream model sent an unreadable event", "bad_upstream_response")
+    return data

@@ -1,0 +1,325 @@
+"""The OpenAI Responses API (``POST /responses``), streamed or not: the
+default of n8n 2.x's OpenAI Chat Model node from typeVersion 1.3.
+
+Reads ``input`` (a string, or items: the System Message is ``instructions``
+or the first ``system`` / ``developer`` message item; tool outputs are
+``function_call_output`` items), proposals as ``function_call`` output items
+(streamed: ``response.output_item.*`` and
+``response.function_call_arguments.*`` events, held), usage as
+``input_tokens + output_tokens`` from the answer or ``response.completed``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sidecar.gate.wire import _openai
+from sidecar.gate.wire._openai import OpenAIBase, bad
+from sidecar.gate.wire.base import (
+    Answer,
+    ErrorEvent,
+    Final,
+    Frame,
+    Held,
+    NotThisAnswer,
+    Passed,
+    Proposal,
+    Stamp,
+    StreamBroken,
+    StreamEvent,
+    ToolOutput,
+    Usage,
+    json_frame,
+    parse_args,
+    sse,
+    sse_frame,
+)
+
+_CALL_EVENTS = ("response.function_call_arguments.delta", "response.function_call_arguments.done")
+_FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+#: The usage of an answer the gate writes itself (the Responses API's usage object
+#: has its details members: the SDK's ``ResponseUsage`` requires them).
+ZERO_USAGE = {
+    "input_tokens": 0,
+    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+    "output_tokens": 0,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 0,
+}
+
+
+def _message_item(text: str, item_id: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def _counter(start: int = 0) -> Callable[[], int]:
+    n = [start - 1]
+
+    def nxt() -> int:
+        n[0] += 1
+        return n[0]
+
+    return nxt
+
+
+def _message_events(
+    text: str, output_index: int, seq: Callable[[], int], item_id: str
+) -> tuple[list[bytes], dict[str, Any]]:
+    """The events that add one assistant message to a streamed Response, and the item."""
+    item = _message_item(text, item_id)
+    part = item["content"][0]
+    at = {"item_id": item_id, "output_index": output_index, "content_index": 0}
+
+    def ev(kind: str, **fields: Any) -> bytes:
+        return sse({"type": kind, "sequence_number": seq(), **fields}, kind)
+
+    events = [
+        ev(
+            "response.output_item.added",
+            output_index=output_index,
+            item={**_message_item("", item_id, "in_progress"), "content": []},
+        ),
+        ev("response.content_part.added", **at, part={**part, "text": ""}),
+        ev("response.output_text.delta", **at, delta=text, logprobs=[]),
+        ev("response.output_text.done", **at, text=text, logprobs=[]),
+        ev("response.content_part.done", **at, part=part),
+        ev("response.output_item.done", output_index=output_index, item=item),
+    ]
+    return events, item
+
+
+def _is_call(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "function_call"
+
+
+def _proposals(response: Mapping[str, Any]) -> list[Proposal]:
+    output = response.get("output")
+    return [
+        Proposal(
+            str(item.get("call_id") or item.get("id") or ""),
+            str(item.get("name") or ""),
+            parse_args(item.get("arguments")),
+        )
+        for item in (output if isinstance(output, list) else [])
+        if _is_call(item)
+    ]
+
+
+class ResponsesStream:
+    """Reads a Responses stream: events of ``function_call`` items are held,
+    the others pass; the final event (``response.completed``, ``.incomplete``,
+    ``.failed``) carries the proposals and the usage."""
+
+    def __init__(self) -> None:
+        self.calls: set[Any] = set()
+        self.last_seq = 0
+        self.final: tuple[Frame, dict[str, Any], dict[str, Any]] | None = None
+
+    def feed(self, frame: Frame) -> list[StreamEvent]:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.feed`."""
+        data = json_frame(frame)
+        kind = str(data.get("type") or frame.event or "message")
+        if isinstance(data.get("sequence_number"), int):
+            self.last_seq = data["sequence_number"]
+        if kind == "error":
+            return [ErrorEvent(sse_frame(frame))]
+        if kind in _FINAL_EVENTS:
+            response = data.get("response")
+            if not isinstance(response, dict):
+                raise StreamBroken(
+                    "the upstream model sent an unreadable final event", "bad_upstream_response"
+                )
+            self.final = (frame, data, response)
+            return [Final(_proposals(response), OpenAIResponses.usage(response.get("usage")))]
+        item = data.get("item")
+        if kind.startswith("response.output_item.") and _is_call(item):
+            self.calls.add(data.get("output_index"))
+            return [Held(sse_frame(frame))]
+        if kind in _CALL_EVENTS and data.get("output_index") in self.calls:
+            return [Held(sse_frame(frame))]
+        chars = 0
+        if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
+            chars = len(data["delta"])
+        return [Passed(sse_frame(frame), chars)]
+
+    def end(self) -> Final:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.end`: always broken
+        (a Responses stream ends with its final event)."""
+        raise StreamBroken(
+            "the upstream model's stream ended before response.completed", "upstream_stream_cut"
+        )
+
+    def finish(self, held: Sequence[Held], text: str | None, stamp: Stamp) -> list[bytes]:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.finish`: the held events
+        and the final event; or a message item in place of the calls and a
+        ``response.completed`` holding it."""
+        assert self.final is not None, "finish follows the Final event"
+        frame, data, response = self.final
+        if text is None:
+            return [*(h.raw for h in held), sse_frame(frame)]
+        kept = [i for i in response.get("output") or [] if not _is_call(i)]
+        seq = _counter(self.last_seq + 1)
+        events, item = _message_events(text, len(kept), seq, stamp.id("msg_loopstop"))
+        done = {**response, "output": [*kept, item], "status": "completed"}
+        completed = {**data, "type": "response.completed", "sequence_number": seq()}
+        return [*events, sse({**completed, "response": done}, "response.completed")]
+
+
+class OpenAIResponses(OpenAIBase):
+    """The Responses API adapter (see the module's docstring)."""
+
+    name = "responses"
+    path = "/responses"
+    system_where = "instructions or a system message"
+
+    def validate(self, body: Mapping[str, Any]) -> None:
+        """``input`` (a string, or a non-empty list of objects), ``instructions``,
+        ``stream``, ``model``.
+
+        :raises MalformedRequest: naming the field.
+        """
+        _openai.validate_common(body)
+        given = body.get("input")
+        if isinstance(given, str):
+            if not given and not body.get("instructions"):
+                raise bad("input", "must not be empty")
+        elif isinstance(given, list):
+            if not given:
+                raise bad("input", "must be a non-empty list of items")
+            for i, item in enumerate(given):
+                if not isinstance(item, dict):
+                    raise bad(f"input.{i}", "each input item must be an object")
+        else:
+            raise bad("input", "must be a string or a list of input items")
+        if "instructions" in body and not isinstance(body["instructions"], str | None):
+            raise bad("instructions", "must be a string")
+
+    def system_texts(self, body: Mapping[str, Any]) -> list[str]:
+        """``instructions`` when given, else the first ``system`` / ``developer``
+        input item's text (n8n's System Message)."""
+        if isinstance(body.get("instructions"), str) and body["instructions"]:
+            return [body["instructions"]]
+        items = body.get("input")
+        for item in items if isinstance(items, list) else []:
+            if _openai.is_system(item):
+                return [_openai.text_of(item.get("content"))]
+        return []
+
+    def tool_outputs(self, body: Mapping[str, Any]) -> list[ToolOutput]:
+        """The ``function_call_output`` items (``call_id``, ``output``)."""
+        items = body.get("input")
+        return [
+            ToolOutput(item["call_id"], item.get("output"))
+            for item in (items if isinstance(items, list) else [])
+            if item.get("type") == "function_call_output" and isinstance(item.get("call_id"), str)
+        ]
+
+    def offered_tools(self, body: Mapping[str, Any]) -> frozenset[str] | None:
+        """``tools[].name`` of the ``function`` tools."""
+        tools = body.get("tools")
+        if not isinstance(tools, list):
+            return None
+        return frozenset(
+            t["name"]
+            for t in tools
+            if isinstance(t, dict)
+            and t.get("type") == "function"
+            and isinstance(t.get("name"), str)
+        )
+
+    def read_answer(self, answer: Any) -> Answer:
+        """``output[]`` items of type ``function_call`` and ``usage``.
+
+        :raises NotThisAnswer: not an object with ``output``.
+        """
+        if not isinstance(answer, dict) or "output" not in answer:
+            raise NotThisAnswer("the upstream model answered something that is not a Response")
+        return Answer(_proposals(answer), self.usage(answer.get("usage")))
+
+    @staticmethod
+    def usage(usage: Any) -> Usage:
+        """``input_tokens + output_tokens``."""
+        return _openai.read_usage(usage, ("input_tokens", "output_tokens"))
+
+    def with_wrap_up(self, body: Mapping[str, Any], note: str) -> dict[str, Any]:
+        """A last ``system`` message item (a string ``input`` becomes a user item first)."""
+        out = copy.copy(dict(body))
+        item = {"type": "message", "role": "system", "content": note}
+        if isinstance(body.get("input"), list):
+            out["input"] = [*body["input"], item]
+        else:
+            out["input"] = [{"type": "message", "role": "user", "content": body["input"]}, item]
+        return out
+
+    def forward_payload(self, body: Mapping[str, Any], model: str) -> dict[str, Any]:
+        """The body with ``model`` (a Response's stream reports its usage)."""
+        payload = dict(body)
+        if model:
+            payload["model"] = model
+        return payload
+
+    def final_answer(self, text: str, model: str, stamp: Stamp) -> dict[str, Any]:
+        """A Response whose ``output`` is one assistant message (``status: completed``)."""
+        return {
+            "id": stamp.id("resp_loopstop"),
+            "object": "response",
+            "created_at": stamp.created,
+            "status": "completed",
+            "error": None,
+            "incomplete_details": None,
+            "model": model,
+            "output": [_message_item(text, stamp.id("msg_loopstop"))],
+            "output_text": text,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": copy.deepcopy(ZERO_USAGE),
+            "metadata": {},
+        }
+
+    def final_stream(
+        self, text: str, model: str, stamp: Stamp, body: Mapping[str, Any]
+    ) -> list[bytes]:
+        """``response.created``, ``response.in_progress``, one message's events,
+        ``response.completed``."""
+        done = self.final_answer(text, model, stamp)
+        seq = _counter()
+        started = {**done, "status": "in_progress", "output": [], "usage": None}
+        started.pop("output_text", None)
+        out = [
+            sse(
+                {"type": kind, "sequence_number": seq(), "response": started},
+                kind,
+            )
+            for kind in ("response.created", "response.in_progress")
+        ]
+        events, item = _message_events(text, 0, seq, stamp.id("msg_loopstop"))
+        out.extend(events)
+        done["output"] = [item]
+        out.append(
+            sse(
+                {"type": "response.completed", "sequence_number": seq(), "response": done},
+                "response.completed",
+            )
+        )
+        return out
+
+    def replace_with_text(self, answer: Mapping[str, Any], text: str, stamp: Stamp) -> Any:
+        """The Response with ``output`` one message, ``output_text`` and ``status: completed``."""
+        out = dict(answer)
+        out["output"] = [_message_item(text, stamp.id("msg_loopstop"))]
+        out["output_text"] = text
+        out["status"] = "completed"
+        return out
+
+    def stream_reader(self, body: Mapping[str, Any]) -> ResponsesStream:
+        """A :class:`ResponsesStream`."""
+        return ResponsesStream()

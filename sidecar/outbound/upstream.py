@@ -1,0 +1,241 @@
+"""The model gate's upstream: the real model's HTTP API (DESIGN §5).
+
+One :class:`Upstream` per gate: POST a turn, GET the model list, under
+``timeout_s`` (connect at most 5 s of it) and one deadline for the whole
+exchange, from the request to the answer's last byte: a server dripping
+bytes or keep-alive comments cannot hold a worker past it. A stream's
+frames are read as they arrive (one socket read at a time, never waiting
+for a block to fill).
+
+Errors are mapped here: a timeout is a ``504``, an unreachable upstream a
+``502``, an error status is relayed with its status and its body in the
+API's own error shape (through the adapter); a body that is cut, too slow
+or unreadable raises :class:`~sidecar.gate.wire.base.StreamBroken` while a
+stream is read, :class:`~sidecar.errors.UpstreamError` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+import sseclient
+
+from sidecar.errors import GateNotConfigured, UpstreamError
+from sidecar.gate.wire.base import Frame, Framing, StreamBroken, WireAdapter
+
+#: The longest the TCP connect may take (of ``timeout_s``).
+CONNECT_S = 5.0
+#: The model list's deadlines (n8n's credential test): connect, then read (at most).
+LIST_CONNECT_S = 3.0
+LIST_READ_S = 10.0
+#: One socket read.
+READ_BYTES = 65536
+
+
+def _broken(exc: Exception) -> StreamBroken:
+    return StreamBroken(
+        f"the upstream model's stream broke ({type(exc).__name__})", "upstream_stream_cut"
+    )
+
+
+@dataclass
+class Exchange:
+    """An upstream answer whose status was not an error, its body still unread.
+
+    :ivar status: the HTTP status.
+    :ivar content_type: its ``Content-Type`` (``""`` when absent).
+    """
+
+    resp: requests.Response
+    deadline: float
+    monotonic: Callable[[], float]
+
+    @property
+    def status(self) -> int:
+        return self.resp.status_code
+
+    @property
+    def content_type(self) -> str:
+        return str(self.resp.headers.get("Content-Type", ""))
+
+    def chunks(self) -> Iterator[bytes]:
+        """The body's bytes as they arrive, until the upstream ends it.
+
+        :raises StreamBroken: the deadline passed (code ``timeout``).
+        """
+        raw = self.resp.raw
+        while True:
+            if self.monotonic() > self.deadline:
+                raise StreamBroken("the upstream model took too long", "timeout")
+            data = raw.read1(READ_BYTES, decode_content=True)
+            if not data:
+                return
+            yield data
+
+    def read_all(self, adapter: WireAdapter) -> bytes:
+        """The whole body, read under the deadline, then closed.
+
+        :raises UpstreamError: too slow (504, reason ``timeout``) or cut (502,
+            reason ``upstream_stream_cut``); ``received`` says how many bytes came.
+        """
+        chunks: list[bytes] = []
+        try:
+            for data in self.chunks():
+                chunks.append(data)
+        except StreamBroken:
+            raise UpstreamError(
+                504,
+                adapter.error_body("the upstream model did not answer in time", "timeout"),
+                reason="timeout",
+                received=sum(map(len, chunks)),
+            ) from None
+        except Exception:  # requests' and urllib3's read and protocol errors
+            raise UpstreamError(
+                502,
+                adapter.error_body("the upstream model's answer broke off", "upstream_stream_cut"),
+                reason="upstream_stream_cut",
+                received=sum(map(len, chunks)),
+            ) from None
+        finally:
+            self.close()
+        return b"".join(chunks)
+
+    def frames(self, framing: Framing) -> Iterator[Frame]:
+        """The stream's frames as they arrive.
+
+        :raises StreamBroken: the deadline passed, or the stream broke.
+        """
+        try:
+            if framing is Framing.SSE:
+                for event in sseclient.SSEClient(self.chunks()).events():
+                    if self.monotonic() > self.deadline:
+                        raise StreamBroken("the upstream model's stream took too long", "timeout")
+                    yield Frame(event.data, None if event.event == "message" else event.event)
+            else:
+                yield from self._lines()
+        except StreamBroken:
+            raise
+        except Exception as exc:  # requests', urllib3's protocol and read errors, timeouts
+            raise _broken(exc) from None
+
+    def _lines(self) -> Iterator[Frame]:
+        rest = b""
+        for data in self.chunks():
+            rest += data
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield Frame(line.decode("utf-8", "replace"))
+        if rest.strip():
+            yield Frame(rest.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        """Release the connection (idempotent)."""
+        self.resp.close()
+
+
+class Upstream:
+    """The real model's API at ``base_url``, its key sent as a bearer token.
+
+    :param session: the HTTP session (tests inject theirs).
+    :param monotonic: the deadline clock (seconds).
+    """
+
+    def __init__(
+        self,
+        session: requests.Session,
+        base_url: str | None,
+        api_key: str | None,
+        timeout_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.session = session
+        self.base_url = base_url
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.monotonic = monotonic
+
+    def url(self, path: str) -> str:
+        """The upstream URL of ``path``.
+
+        :raises GateNotConfigured: no upstream is configured.
+        """
+        if not self.base_url:
+            raise GateNotConfigured("set model_gate.upstream_url to the real model's base URL")
+        return self.base_url.rstrip("/") + path
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def post(self, adapter: WireAdapter, payload: Mapping[str, Any], stream: bool) -> Exchange:
+        """POST ``payload`` to the adapter's path; the answer's body is left to read.
+
+        :raises GateNotConfigured: no upstream is configured.
+        :raises UpstreamError: unreachable (502), timed out (504), or an error
+            status (relayed with its status; its body when it is the API's error).
+        """
+        url = self.url(adapter.path)
+        deadline = self.monotonic() + self.timeout_s
+        accept = {"Accept": adapter.framing.content_type} if stream else {}
+        try:
+            resp = self.session.post(
+                url,
+                json=payload,
+                headers={**self._headers(), **accept},
+                timeout=(min(self.timeout_s, CONNECT_S), self.timeout_s),
+                allow_redirects=False,
+                stream=True,  # always: the body is read under the exchange's deadline
+            )
+        except requests.Timeout:
+            raise UpstreamError(
+                504, adapter.error_body("the upstream model did not answer in time", "timeout")
+            ) from None
+        except requests.RequestException as exc:
+            raise UpstreamError(
+                502,
+                adapter.error_body(
+                    f"the upstream model is unreachable ({type(exc).__name__})",
+                    "upstream_unreachable",
+                ),
+            ) from None
+        exchange = Exchange(resp, deadline, self.monotonic)
+        if resp.status_code >= 400:
+            try:
+                answer = json.loads(b"".join(exchange.chunks()))
+            except Exception:  # unreadable, cut or too slow: the status still says it
+                answer = None
+            finally:
+                exchange.close()
+            raise UpstreamError(
+                resp.status_code, adapter.upstream_error_body(resp.status_code, answer)
+            )
+        return exchange
+
+    def get_json(self, adapter: WireAdapter, path: str) -> Any:
+        """GET ``path``: its JSON when it answers 200, else None.
+
+        :raises GateNotConfigured: no upstream is configured.
+        :raises UpstreamError: it cannot be reached (502).
+        """
+        url = self.url(path)
+        try:
+            resp = self.session.get(
+                url,
+                headers=self._headers(),
+                timeout=(LIST_CONNECT_S, min(self.timeout_s, LIST_READ_S)),
+                allow_redirects=False,
+            )
+        except requests.RequestException:
+            raise UpstreamError(
+                502,
+                adapter.error_body("the upstream model cannot be reached", "upstream_unreachable"),
+            ) from None
+        try:
+            return resp.json() if resp.status_code == 200 else None
+        except ValueError:
+            return None

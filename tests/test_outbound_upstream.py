@@ -1,0 +1,118 @@
+"""The model gate's upstream client (STYLE 19) against real local HTTP servers: frames
+read as they arrive in either framing, the error mapping in the API's own shape."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+import requests
+from local_http import JsonHandler, running
+
+from conftest import free_port
+from sidecar.errors import GateNotConfigured, UpstreamError
+from sidecar.gate.wire import OPENAI_CHAT
+from sidecar.gate.wire.base import Frame, Framing, StreamBroken
+from sidecar.outbound.upstream import Upstream
+
+
+def _chunked(
+    handler: JsonHandler, status: int, ctype: str, pieces: list[bytes], pause: float = 0.01
+) -> None:
+    handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+    handler.send_response(status)
+    handler.send_header("Content-Type", ctype)
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for piece in pieces:
+        handler.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        handler.wfile.flush()
+        time.sleep(pause)
+    handler.wfile.write(b"0\r\n\r\n")
+
+
+def _server(status: int, ctype: str, pieces: list[bytes]) -> type[JsonHandler]:
+    class Handler(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            _chunked(self, status, ctype, pieces)
+
+    return Handler
+
+
+def _upstream(base: str | None, timeout_s: float = 5) -> Upstream:
+    return Upstream(requests.Session(), base, "sk-up", timeout_s)
+
+
+@pytest.mark.parametrize(
+    ("framing", "ctype", "pieces", "frames"),
+    [
+        (
+            Framing.NDJSON,
+            "application/x-ndjson",
+            [b'{"a": 1}\n{"b"', b": 2}\n\n", b'{"done": true}'],
+            [Frame('{"a": 1}'), Frame('{"b": 2}'), Frame('{"done": true}')],
+        ),
+        (
+            Framing.SSE,
+            "text/event-stream",
+            [b"event: x\ndata: 1\n\n: ping\n\ndata: ", b"2\n\n", b"data: [DONE]\n\n"],
+            [Frame("1", "x"), Frame("2"), Frame("[DONE]")],
+        ),
+    ],
+)
+def test_a_stream_s_frames_are_split_as_they_arrive(
+    framing: Framing, ctype: str, pieces: list[bytes], frames: list[Frame]
+) -> None:
+    with running(_server(200, ctype, pieces)) as base:
+        exchange = _upstream(base).post(OPENAI_CHAT, {"stream": True}, True)
+        assert exchange.status == 200 and exchange.content_type == ctype
+        assert list(exchange.frames(framing)) == frames
+
+
+def test_an_upstream_error_status_is_relayed_in_the_api_s_shape() -> None:
+    own = b'{"error": {"message": "slow down", "type": "rate_limit", "code": null}}'
+    with (
+        running(_server(429, "application/json", [own])) as base,
+        pytest.raises(UpstreamError) as caught,
+    ):
+        _upstream(base).post(OPENAI_CHAT, {}, False)
+    assert caught.value.status == 429 and caught.value.body["error"]["message"] == "slow down"
+    html = _server(502, "text/html", [b"<html>bad gateway</html>"])
+    with running(html) as base, pytest.raises(UpstreamError) as caught:
+        _upstream(base).post(OPENAI_CHAT, {}, False)
+    assert caught.value.status == 502
+    assert caught.value.body["error"]["code"] == "upstream_error"
+
+
+def test_an_unreachable_or_missing_upstream_is_mapped() -> None:
+    with pytest.raises(UpstreamError) as caught:
+        _upstream(f"http://127.0.0.1:{free_port()}/v1").post(OPENAI_CHAT, {}, False)
+    assert caught.value.status == 502
+    assert caught.value.body["error"]["code"] == "upstream_unreachable"
+    with pytest.raises(GateNotConfigured):
+        _upstream(None).post(OPENAI_CHAT, {}, False)
+
+
+def test_the_deadline_covers_the_whole_exchange() -> None:
+    """Each piece comes well within the read timeout; the whole body does not
+    come within ``timeout_s``: the read fails at the deadline, not after the drip."""
+    pieces = [b" "] * 40
+
+    class Drip(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            with contextlib.suppress(OSError):  # the client gave up: what this test wants
+                _chunked(self, 200, "application/x-ndjson", pieces, pause=0.05)
+
+    with running(Drip) as base:
+        started = time.monotonic()
+        exchange = _upstream(base, timeout_s=0.5).post(OPENAI_CHAT, {}, True)
+        with pytest.raises(StreamBroken) as caught:
+            list(exchange.frames(Framing.NDJSON))
+        assert caught.value.code == "timeout"
+        assert time.monotonic() - started < 1.5
+        exchange.close()
