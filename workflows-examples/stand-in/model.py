@@ -63,13 +63,17 @@ TEXT_PARTS = ["FINAL ", "ans", "wer"]
 
 class FakeLLM:
     """The stand-in's state: its ``mode`` and every request it was sent (with its path
-    and Authorization header); ``base`` is its ``.../v1`` address once served."""
+    and query, its Authorization header and all its headers, names in lower case);
+    ``base`` is its ``.../v1`` address once served."""
 
     def __init__(self) -> None:
         self.mode = "tool_call"
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.auth: list[str | None] = []
+        self.headers: list[dict[str, str]] = []
+        #: the path and headers of every model list request (``GET``)
+        self.lists: list[tuple[str, dict[str, str]]] = []
         self.base = ""
         self.hold: threading.Event | None = None
         #: set once a stream has sent its first text event (with ``hold``)
@@ -294,7 +298,8 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
         disable_nagle_algorithm = True  # each event leaves at once (no 40 ms delayed-ACK stalls)
 
         def do_GET(self) -> None:
-            if self.path.endswith("/models"):
+            llm.lists.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            if self.path.partition("?")[0].endswith("/models"):
                 return self._json(
                     200,
                     {
@@ -346,6 +351,7 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             llm.requests.append(req)
             llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))
+            llm.headers.append({k.lower(): v for k, v in self.headers.items()})
             failed = llm.error()
             if failed is not None:
                 return self._json(*failed)
@@ -359,8 +365,9 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return None
             if llm.mode == "slow":
                 time.sleep(2)
-            responses = self.path.endswith("/responses")
-            if not responses and not self.path.endswith("/chat/completions"):
+            path = self.path.partition("?")[0]
+            responses = path.endswith("/responses")
+            if not responses and not path.endswith("/chat/completions"):
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
             if req.get("stream"):
                 events = responses_events(llm, req) if responses else chat_events(llm, req)
