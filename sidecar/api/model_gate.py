@@ -22,7 +22,7 @@ from sidecar.api.body import read_json_object
 from sidecar.api.decisions import log_decision
 from sidecar.core.tasks import TurnDecision
 from sidecar.errors import UpstreamError
-from sidecar.gate.wire import OPENAI_CHAT, OPENAI_RESPONSES, WireAdapter
+from sidecar.gate.wire import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, WireAdapter
 from sidecar.gate.wire.base import BEARER, Inbound, TokenFrom
 from sidecar.runtime import runtime
 from sidecar.service.model_gate import GateAnswer, TurnRecord
@@ -48,6 +48,10 @@ ROUTES: dict[str, tuple[Route, ...]] = {
         Route("POST", "/chat/completions", "chat_completions", OPENAI_CHAT),
         Route("POST", "/responses", "responses", OPENAI_RESPONSES),
         Route("GET", "/models", "models", OPENAI_CHAT),
+    ),
+    "/v1/anthropic": (
+        Route("POST", "/v1/messages", "messages", ANTHROPIC_MESSAGES),
+        Route("GET", "/v1/models", "models", ANTHROPIC_MESSAGES),
     ),
 }
 

@@ -10,6 +10,11 @@ It speaks both APIs n8n's OpenAI Chat Model uses: ``POST /v1/responses``
 (the Responses API, the node's default) and ``POST /v1/chat/completions``,
 each streamed (Server-Sent Events, chunked, as OpenAI sends them) when the
 request says ``stream: true``, and ``GET /v1/models`` (the credential test).
+On the same port it speaks Anthropic's Messages API, as the Anthropic Chat
+Model node uses it (its base URL is the address without ``/v1``):
+``POST /v1/messages``, streamed with the ``event:`` names Anthropic's
+clients need, and ``GET /v1/models`` when the request sends an
+``anthropic-version`` header (Anthropic's clients always do).
 Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
 
 - ``tool_call`` (the default): a looping model, always the same call (the
@@ -17,7 +22,7 @@ Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
   each time: the gate ends the task by its rules (``same_call``, a budget);
 - ``final``: a plain text answer (``FINAL answer``);
 - ``text_then_tool``: some text, then the same call as ``tool_call``;
-- ``429`` / ``500``: an OpenAI-style error; ``502_html``: a 502 with an HTML page;
+- ``429`` / ``500``: an error in the API's own shape; ``502_html``: a 502 with an HTML page;
 - ``garbage``: a 200 whose body is not JSON (streamed: an event that is not JSON);
 - ``no_usage``: as ``final`` without any usage;
 - ``cut``: a stream that breaks after its first text event (non-streamed:
@@ -75,6 +80,8 @@ class FakeLLM:
         #: the path and headers of every model list request (``GET``)
         self.lists: list[tuple[str, dict[str, str]]] = []
         self.base = ""
+        #: the address without ``/v1``: the Anthropic credential's base URL
+        self.root = ""
         self.hold: threading.Event | None = None
         #: set once a stream has sent its first text event (with ``hold``)
         self.first_sent = threading.Event()
@@ -87,7 +94,11 @@ class FakeLLM:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def error(self) -> tuple[int, dict[str, Any]] | None:
+    def error(self, anthropic: bool = False) -> tuple[int, dict[str, Any]] | None:
+        if self.mode in ("429", "500") and anthropic:
+            kind = "rate_limit_error" if self.mode == "429" else "api_error"
+            message = f"fake {self.mode}"
+            return int(self.mode), {"type": "error", "error": {"type": kind, "message": message}}
         if self.mode in ("429", "500"):
             return int(self.mode), {
                 "error": {
@@ -100,7 +111,7 @@ class FakeLLM:
 
 
 def first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The first offered tool (either API's tool shape) and the same arguments for it every time.
+    """The first offered tool (any API's tool shape) and the same arguments for it every time.
 
     Each property of the tool's JSON schema gets the string ``"again"``; a
     request without tools asks for ``echo`` with ``{"note": "again"}``.
@@ -110,7 +121,8 @@ def first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return "echo", {"note": "again"}
     tool = tools[0]
     function = tool.get("function") or tool
-    props = (function.get("parameters") or {}).get("properties") or {}
+    schema = function.get("parameters") or function.get("input_schema") or {}
+    props = schema.get("properties") or {}
     return function.get("name", "echo"), {k: "again" for k in props} or {"note": "again"}
 
 
@@ -267,6 +279,87 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
     yield None, ev("response.completed", response=answer)
 
 
+# -- Anthropic's Messages API -------------------------------------------------------------------
+
+
+def messages_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
+    n = llm.next_id()
+    content: list[dict[str, Any]] = []
+    if llm.mode != "tool_call":
+        content.append({"type": "text", "text": "".join(TEXT_PARTS)})
+    if llm.mode in ("tool_call", "text_then_tool"):
+        name, arguments = first_tool(req)
+        content.append(
+            {"type": "tool_use", "id": f"toolu_fake{n}", "name": name, "input": arguments}
+        )
+    out: dict[str, Any] = {
+        "id": f"msg_fake{n}",
+        "type": "message",
+        "role": "assistant",
+        "model": req.get("model", "fake-model"),
+        "content": content,
+        "stop_reason": "tool_use" if content[-1]["type"] == "tool_use" else "end_turn",
+        "stop_sequence": None,
+    }
+    if llm.mode != "no_usage":
+        out["usage"] = {"input_tokens": 7, "output_tokens": 3}
+    return out
+
+
+def messages_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None, Any]]:
+    """The events Anthropic streams for a Message (input tokens in ``message_start``,
+    the cumulative output tokens in ``message_delta``)."""
+    answer = messages_answer(llm, req)
+    usage = answer.pop("usage", None)
+    started = {**answer, "content": [], "stop_reason": None}
+    if usage is not None:
+        started["usage"] = {"input_tokens": usage["input_tokens"], "output_tokens": 1}
+    yield None, {"type": "message_start", "message": started}
+    yield None, {"type": "ping"}
+    for index, block in enumerate(answer["content"]):
+        at = {"index": index}
+        if block["type"] == "text":
+            yield (
+                None,
+                {
+                    "type": "content_block_start",
+                    **at,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            )
+            for piece in TEXT_PARTS:
+                delta = {"type": "text_delta", "text": piece}
+                yield "text", {"type": "content_block_delta", **at, "delta": delta}
+        else:
+            start = {**block, "input": {}}
+            yield None, {"type": "content_block_start", **at, "content_block": start}
+            args = json.dumps(block["input"])
+            for piece in ("", args[: len(args) // 2], args[len(args) // 2 :]):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                yield None, {"type": "content_block_delta", **at, "delta": delta}
+        yield None, {"type": "content_block_stop", **at}
+    end: dict[str, Any] = {"stop_reason": answer["stop_reason"], "stop_sequence": None}
+    last = {"output_tokens": usage["output_tokens"]} if usage is not None else {}
+    yield None, {"type": "message_delta", "delta": end, "usage": last}
+    yield None, {"type": "message_stop"}
+
+
+MODEL_LIST_ANTHROPIC = {
+    "data": [
+        {
+            "type": "model",
+            "id": "fake-model",
+            "display_name": "Fake Model",
+            "created_at": "2025-01-01T00:00:00Z",
+            "lifecycle": "active",
+        }
+    ],
+    "has_more": False,
+    "first_id": "fake-model",
+    "last_id": "fake-model",
+}
+
+
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
@@ -299,7 +392,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             llm.lists.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
-            if self.path.partition("?")[0].endswith("/models"):
+            listing = self.path.partition("?")[0].endswith("/models")
+            if listing and self.headers.get("anthropic-version"):
+                return self._json(200, MODEL_LIST_ANTHROPIC)
+            if listing:
                 return self._json(
                     200,
                     {
@@ -352,7 +448,9 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))
             llm.headers.append({k.lower(): v for k, v in self.headers.items()})
-            failed = llm.error()
+            path = self.path.partition("?")[0]
+            messages = path.endswith("/v1/messages")
+            failed = llm.error(anthropic=messages)
             if failed is not None:
                 return self._json(*failed)
             if llm.mode == "502_html":
@@ -365,11 +463,12 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return None
             if llm.mode == "slow":
                 time.sleep(2)
-            path = self.path.partition("?")[0]
             responses = path.endswith("/responses")
-            if not responses and not path.endswith("/chat/completions"):
+            if not (responses or messages or path.endswith("/chat/completions")):
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
             if req.get("stream"):
+                if messages:
+                    return self._stream(messages_events(llm, req), named=True)
                 events = responses_events(llm, req) if responses else chat_events(llm, req)
                 return self._stream(events, named=responses)
             if llm.mode == "garbage":
@@ -380,7 +479,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(body)
                 return None
-            answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
+            if messages:
+                answer = messages_answer(llm, req)
+            else:
+                answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
             if llm.mode == "cut":
                 body = json.dumps(answer).encode()
                 self.send_response(200)
@@ -402,7 +504,8 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> Iterator[FakeLLM]:
     server = _Server((host, port), _handler(llm))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    llm.base = f"http://{host}:{server.server_address[1]}/v1"
+    llm.root = f"http://{host}:{server.server_address[1]}"
+    llm.base = llm.root + "/v1"
     try:
         yield llm
     finally:
@@ -419,7 +522,8 @@ def main() -> None:
     llm = FakeLLM()
     llm.mode = args.mode
     server = _Server((args.host, args.port), _handler(llm))
-    print(f"stand-in model ({args.mode}) on http://{args.host}:{args.port}/v1", flush=True)
+    root = f"http://{args.host}:{args.port}"
+    print(f"stand-in model ({args.mode}) on {root}/v1 (OpenAI), {root} (Anthropic)", flush=True)
     with suppress(KeyboardInterrupt):
         server.serve_forever()
 

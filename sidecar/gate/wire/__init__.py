@@ -7,6 +7,7 @@ module. The service orchestrates adapters and never branches on the format.
 
 from __future__ import annotations
 
+from sidecar.gate.wire.anthropic import AnthropicMessages
 from sidecar.gate.wire.base import WireAdapter
 from sidecar.gate.wire.openai_chat import OpenAIChat
 from sidecar.gate.wire.openai_responses import OpenAIResponses
@@ -15,5 +16,7 @@ from sidecar.gate.wire.openai_responses import OpenAIResponses
 OPENAI_CHAT: WireAdapter = OpenAIChat()
 #: The Responses API (``/responses``).
 OPENAI_RESPONSES: WireAdapter = OpenAIResponses()
+#: The Anthropic Messages API (``/v1/messages``).
+ANTHROPIC_MESSAGES: WireAdapter = AnthropicMessages()
 
-__all__ = ["OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]
+__all__ = ["ANTHROPIC_MESSAGES", "OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]
