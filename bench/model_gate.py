@@ -3,7 +3,8 @@
 - non-streamed turns: the p50 / p90 of a turn through the gate (the app
   in-process on a SQLite store, forwarding over HTTP to the local fake
   upstream of ``workflows-examples/stand-in/model.py``) minus the p50 / p90 of the same request
-  sent to the fake upstream directly, for both APIs, with and without a
+  sent to the fake upstream directly, for both OpenAI APIs and Anthropic's
+  Messages API, with and without a
   proposed tool call (which the gate admits through the task guard); a
   fresh task every 20 turns (the default ``max_model_calls``), and, for
   the tool call, also one task for every turn, whose growing call history
@@ -58,10 +59,12 @@ def floor_app(folder: str, upstream: str) -> Flask:
     app = Flask("floor-model-gate")
 
     @app.post("/v1/openai/<path:path>")
+    @app.post("/v1/anthropic/<path:path>", endpoint="anthropic")
     def turn(path: str) -> Response:
         body = request.get_json()
         work["task"]("t")
-        r = session.post(f"{upstream}/{path}", json=body, timeout=10)
+        base = upstream if request.path.startswith("/v1/openai/") else upstream.removesuffix("/v1")
+        r = session.post(f"{base}/{path}", json=body, timeout=10)
         return Response(r.content, r.status_code, mimetype="application/json")
 
     return app
@@ -71,12 +74,33 @@ def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
 
+#: The APIs measured: OpenAI's two and Anthropic's Messages API.
+APIS = ("chat", "responses", "messages")
+#: Each API's route prefix at the gate (the stand-in serves both on one port).
+PREFIX = {"chat": "/v1/openai", "responses": "/v1/openai", "messages": "/v1/anthropic"}
+
+
+def _direct(llm: Any, api: str) -> str:
+    """The stand-in's base for ``api`` (Anthropic's paths carry their own ``/v1``)."""
+    return str(llm.root if api == "messages" else llm.base)
+
+
 def _body(api: str, task_id: str, stream: bool = False) -> tuple[str, dict[str, Any]]:
     system = {"role": "system", "content": f"You are an agent.\nloopstop-task: {task_id}"}
     user = {"role": "user", "content": "Where is order ORD-7?"}
-    if api == "chat":
+    if api == "messages":
+        tools = [{"name": "lookup", "input_schema": {"type": "object"}}]
+        body: dict[str, Any] = {
+            "model": "m",
+            "max_tokens": 1024,
+            "system": system["content"],
+            "messages": [user],
+            "tools": tools,
+        }
+        path = "/v1/messages"
+    elif api == "chat":
         tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
-        body: dict[str, Any] = {"model": "m", "messages": [system, user], "tools": tools}
+        body = {"model": "m", "messages": [system, user], "tools": tools}
         path = "/chat/completions"
     else:
         tools = [{"type": "function", "name": "lookup", "parameters": {}}]
@@ -100,7 +124,11 @@ def main(turns: int) -> None:
                     "max_tokens": 10**10,
                     "deadline_s": 86400,
                 },
-                "model_gate": {"upstream_url": llm.base, "timeout_s": 10},
+                "model_gate": {
+                    "upstream_url": llm.base,
+                    "upstreams": {"anthropic": {"url": llm.root}},
+                    "timeout_s": 10,
+                },
             },
             environ={"LOOPSTOP_SECRET": "bench-secret-0123456789abcdef"},
             announce=False,
@@ -119,7 +147,7 @@ def main(turns: int) -> None:
         )
         cases = [
             (api, mode, per_task)
-            for api in ("chat", "responses")
+            for api in APIS
             for mode, per_task in (
                 ("final", TURNS_PER_TASK),
                 ("tool_call", TURNS_PER_TASK),
@@ -134,11 +162,11 @@ def main(turns: int) -> None:
                     task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
                     path, body = _body(api, task_id)
                 t0 = time.perf_counter()
-                r = direct.post(llm.base + path, json=body, timeout=10)
+                r = direct.post(_direct(llm, api) + path, json=body, timeout=10)
                 t1 = time.perf_counter()
-                g = client.post("/v1/openai" + path, json=body)
+                g = client.post(PREFIX[api] + path, json=body)
                 t2 = time.perf_counter()
-                f = floor.post("/v1/openai" + path, json=body)
+                f = floor.post(PREFIX[api] + path, json=body)
                 t3 = time.perf_counter()
                 assert r.status_code == 200 and g.status_code == 200, g.get_data()
                 assert f.status_code == 200
@@ -161,12 +189,12 @@ def main(turns: int) -> None:
         print()
         print(f"{'stream':34} {'first-token delay p50':>22} {'p90':>8} {'max':>8}")
         llm.mode = "final"
-        for api in ("chat", "responses"):
+        for api in APIS:
             task_id = client.post("/v1/tasks", json={}).get_json()["task"]["task_id"]
             path, body = _body(api, task_id, stream=True)
 
-            def send(path: str = path, body: dict[str, Any] = body) -> Any:
-                resp = client.post("/v1/openai" + path, json=body, buffered=False)
+            def send(path: str = PREFIX[api] + path, body: dict[str, Any] = body) -> Any:
+                resp = client.post(path, json=body, buffered=False)
                 try:
                     yield from resp.response
                 finally:
@@ -204,7 +232,8 @@ def served_streams(llm: Any, folder: str, rounds: int) -> None:
 
     config = Path(folder) / "served.yaml"
     config.write_text(
-        f"model_gate: {{upstream_url: '{llm.base}', timeout_s: 10}}\n"
+        f"model_gate: {{upstream_url: '{llm.base}', timeout_s: 10,\n"
+        f"             upstreams: {{anthropic: {{url: '{llm.root}'}}}}}}\n"
         "limits: {max_model_calls: 1000000, max_tokens: 10000000000}\n"
     )
     env = {
@@ -215,14 +244,12 @@ def served_streams(llm: Any, folder: str, rounds: int) -> None:
     server = Sidecar(Path(folder), env, workers=1).start()
     try:
         session = requests.Session()
-        for api in ("chat", "responses"):
+        for api in APIS:
             task = session.post(server.base + "/v1/tasks", json={}, timeout=10).json()
             path, body = _body(api, task["task"]["task_id"], stream=True)
 
-            def send(path: str = path, body: dict[str, Any] = body) -> Any:
-                with session.post(
-                    server.base + "/v1/openai" + path, json=body, stream=True, timeout=10
-                ) as r:
+            def send(path: str = PREFIX[api] + path, body: dict[str, Any] = body) -> Any:
+                with session.post(server.base + path, json=body, stream=True, timeout=10) as r:
                     assert r.status_code == 200, r.text
                     yield from r.iter_content(chunk_size=None)
 
