@@ -8,6 +8,7 @@ module. The service orchestrates adapters and never branches on the format.
 from __future__ import annotations
 
 from sidecar.gate.wire.base import WireAdapter
+from sidecar.gate.wire.ollama import Ollama
 from sidecar.gate.wire.openai_chat import OpenAIChat
 from sidecar.gate.wire.openai_responses import OpenAIResponses
 
@@ -15,5 +16,7 @@ from sidecar.gate.wire.openai_responses import OpenAIResponses
 OPENAI_CHAT: WireAdapter = OpenAIChat()
 #: The Responses API (``/responses``).
 OPENAI_RESPONSES: WireAdapter = OpenAIResponses()
+#: Ollama's chat API (``/api/chat``).
+OLLAMA: WireAdapter = Ollama()
 
-__all__ = ["OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]
+__all__ = ["OLLAMA", "OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecar.errors import MalformedRequest
-from sidecar.gate.wire.base import Framing, Usage, sse
+from sidecar.gate.wire.base import Framing, Proposal, Usage, sse
 
 
 def bad(field_path: str, msg: str) -> MalformedRequest:
@@ -126,6 +126,10 @@ class OpenAIBase:
         """The body's ``model``."""
         model = body.get("model")
         return model if isinstance(model, str) and model else None
+
+    def number_calls(self, body: Mapping[str, Any], proposals: list[Proposal]) -> list[Proposal]:
+        """The proposals as they are: OpenAI gives every call its id."""
+        return proposals
 
     def max_output_tokens(self, body: Mapping[str, Any]) -> int | None:
         """See :func:`max_output_tokens`."""
