@@ -184,7 +184,9 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
     stack.llm.mode = "tool_call"
     before = len(stack.llm.headers)
     d = _drive(
-        stack, WID, _webhook(stack, "loopstop-gate-agent-ollama", {"ticket": "O-1", "question": "Add a note."})
+        stack,
+        WID,
+        _webhook(stack, "loopstop-gate-agent-ollama", {"ticket": "O-1", "question": "Add a note."}),
     )
     assert set(d.paths) == {"/api/chat"}
     assert all(r.get("stream") is True for r in d.upstream), "n8n's Ollama node always streams"
@@ -203,7 +205,9 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
 def test_the_same_flow_straight_at_the_model_runs_to_max_iterations(stack: Stack) -> None:
     stack.llm.mode = "tool_call"
     d = _drive(
-        stack, DIRECT, _webhook(stack, "gate-ollama-direct", {"ticket": "O-2", "question": "Add a note."})
+        stack,
+        DIRECT,
+        _webhook(stack, "gate-ollama-direct", {"ticket": "O-2", "question": "Add a note."}),
     )
     assert len(d.upstream) == MAX_ITERATIONS
     assert d.execution["status"] == "error"
@@ -265,7 +269,9 @@ def test_the_credential_test_passes_through_the_gate_and_fails_without_an_upstre
             return dict(r.json()["data"])
 
         assert test(stack.sidecar.base + "/v1/ollama")["status"] == "OK"
-        assert test(stack.sidecar.base + "/v1/ollama", "wrong-token-0123456789")["status"] == "Error"
+        assert (
+            test(stack.sidecar.base + "/v1/ollama", "wrong-token-0123456789")["status"] == "Error"
+        )
         assert test(bare.base + "/v1/ollama")["status"] == "Error"
     finally:
         bare.stop()

@@ -76,8 +76,8 @@ TEXT_PARTS = ["FINAL ", "ans", "wer"]
 
 class FakeLLM:
     """The stand-in's state: its ``mode`` and every request it was sent (with its path
-    and Authorization header; ``headers``: every request's headers, model lists
-    too); ``base`` is its ``.../v1`` address once served, ``root`` its address."""
+    and query, its Authorization header and all its headers, names in lower case);
+    ``base`` is its ``.../v1`` address once served, ``root`` its address."""
 
     def __init__(self) -> None:
         self.mode = "tool_call"
@@ -85,6 +85,8 @@ class FakeLLM:
         self.paths: list[str] = []
         self.auth: list[str | None] = []
         self.headers: list[dict[str, str]] = []
+        #: the path and headers of every model list request (``GET``)
+        self.lists: list[tuple[str, dict[str, str]]] = []
         self.base = ""
         self.root = ""
         self.hold: threading.Event | None = None
@@ -378,10 +380,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
         disable_nagle_algorithm = True  # each event leaves at once (no 40 ms delayed-ACK stalls)
 
         def do_GET(self) -> None:
-            llm.headers.append(dict(self.headers))
+            llm.lists.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
             if urlsplit(self.path).path == "/api/tags":
                 return self._json(200, OLLAMA_TAGS)
-            if self.path.endswith("/models"):
+            if self.path.partition("?")[0].endswith("/models"):
                 return self._json(
                     200,
                     {
@@ -437,7 +439,7 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             llm.requests.append(req)
             llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))
-            llm.headers.append(dict(self.headers))
+            llm.headers.append({k.lower(): v for k, v in self.headers.items()})
             path = urlsplit(self.path).path
             ollama = path == "/api/chat"
             failed = llm.error(ollama)

@@ -7,6 +7,7 @@ module. The service orchestrates adapters and never branches on the format.
 
 from __future__ import annotations
 
+from sidecar.gate.wire.azure import AzureChat, AzureResponses
 from sidecar.gate.wire.base import WireAdapter
 from sidecar.gate.wire.ollama import Ollama
 from sidecar.gate.wire.openai_chat import OpenAIChat
@@ -18,5 +19,16 @@ OPENAI_CHAT: WireAdapter = OpenAIChat()
 OPENAI_RESPONSES: WireAdapter = OpenAIResponses()
 #: Ollama's chat API (``/api/chat``).
 OLLAMA: WireAdapter = Ollama()
+#: Azure OpenAI's Chat Completions (``/openai/deployments/{deployment}/chat/completions``).
+AZURE_CHAT: WireAdapter = AzureChat()
+#: Azure OpenAI's Responses API (``/openai/deployments/{deployment}/responses``).
+AZURE_RESPONSES: WireAdapter = AzureResponses()
 
-__all__ = ["OLLAMA", "OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]
+__all__ = [
+    "AZURE_CHAT",
+    "AZURE_RESPONSES",
+    "OLLAMA",
+    "OPENAI_CHAT",
+    "OPENAI_RESPONSES",
+    "WireAdapter",
+]

@@ -28,9 +28,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sidecar.canonical import canonical_json
-from sidecar.gate.wire._openai import bad
 from sidecar.gate.wire.base import (
+    BEARER,
     Answer,
+    Api,
     ErrorEvent,
     Final,
     Frame,
@@ -44,6 +45,7 @@ from sidecar.gate.wire.base import (
     StreamEvent,
     ToolOutput,
     Usage,
+    bad,
     json_frame,
     parse_args,
     rfc3339,
@@ -58,6 +60,9 @@ ZERO_TIMINGS = {
     "eval_count": 0,
     "eval_duration": 0,
 }
+#: Ollama's API: n8n's credential sends its API Key (the loopstop token) as a
+#: bearer token, and only when it is set; a local Ollama wants no key at all.
+OLLAMA_API = Api("ollama", "Authorization", "Bearer ", token_from=(BEARER,))
 #: Hex digits of the conversation's digest in a call id.
 DIGEST_HEX = 12
 
@@ -185,6 +190,7 @@ class OllamaStream:
 class Ollama:
     """The Ollama chat adapter (see the module's docstring)."""
 
+    api = OLLAMA_API
     name = "ollama"
     path = "/api/chat"
     framing = Framing.NDJSON
