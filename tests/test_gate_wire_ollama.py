@@ -1,7 +1,8 @@
 """The Ollama wire adapter as pure tables (DESIGN §5, STYLE 18): wire samples in
 (the requests n8n 2.41.1's Ollama Chat Model sends, captured), parts out; every
 answer and stream line the gate writes itself is validated against the official
-``ollama`` SDK's types. No app, no store, no socket."""
+``ollama`` SDK's types. The Azure OpenAI adapters (OpenAI's formats behind Azure's
+paths and key header) against the ``openai`` SDK's. No app, no store, no socket."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from typing import Any
 
 import ollama
 import pytest
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
+from sidecar.auth import presented_token
 from sidecar.errors import MalformedRequest
-from sidecar.gate.wire import OLLAMA
+from sidecar.gate.wire import AZURE_CHAT, AZURE_RESPONSES, OLLAMA, WireAdapter
 from sidecar.gate.wire.base import (
     ErrorEvent,
     Final,
@@ -393,3 +397,80 @@ def test_an_unreadable_line_breaks_the_stream(data: str) -> None:
     with pytest.raises(StreamBroken) as caught:
         OLLAMA.stream_reader({}).feed(Frame(data))
     assert caught.value.code == "bad_upstream_response"
+
+
+# -- Azure OpenAI: OpenAI's formats behind Azure's paths -------------------------------
+
+#: n8n's Azure OpenAI Chat Model, second turn (classic endpoint, captured): the echoed
+#: assistant content is an empty list, the arguments a JSON string holding the id.
+AZURE_CHAT_BODY = {
+    "model": "gpt4o-dep",
+    "stream": False,
+    "tools": [ECHO_TOOL],
+    "messages": [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [],
+            "tool_calls": [
+                {
+                    "id": "call_abc123",
+                    "type": "function",
+                    "function": {"name": "echo", "arguments": '{"q":"a","id":"call_abc123"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": '[{"response":"a"}]', "tool_call_id": "call_abc123"},
+    ],
+}
+AZURE_RESPONSES_BODY = {
+    "model": "my-codex-dep",
+    "stream": False,
+    "tools": [{"type": "function", "name": "echo", "parameters": {}, "strict": None}],
+    "text": {},
+    "input": [
+        {"type": "message", "role": "system", "content": SYSTEM},
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "function_call", "name": "echo", "arguments": "{}", "call_id": "call_abc123"},
+        {"type": "function_call_output", "call_id": "call_abc123", "output": "[]"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("adapter", "body", "output"),
+    [
+        (AZURE_CHAT, AZURE_CHAT_BODY, ToolOutput("call_abc123", '[{"response":"a"}]')),
+        (AZURE_RESPONSES, AZURE_RESPONSES_BODY, ToolOutput("call_abc123", "[]")),
+    ],
+)
+def test_azure_s_requests_are_openai_s_and_the_model_is_the_deployment(
+    adapter: WireAdapter, body: dict[str, Any], output: ToolOutput
+) -> None:
+    adapter.validate(body)
+    assert adapter.system_texts(body) == [SYSTEM]
+    assert adapter.tool_outputs(body) == [output]
+    assert adapter.offered_tools(body) == frozenset({"echo"})
+    assert adapter.model(body, {"deployment": "the-deployment"}) == "the-deployment"
+    assert adapter.model(body, {}) == body["model"]  # AI Foundry: the path names none
+    assert adapter.api.name == "azure" and adapter.api.key_header == "api-key"
+    sources = adapter.api.token_from
+    assert presented_token({"api-key": "tok"}, {}, sources) == "tok"  # classic
+    assert presented_token({"authorization": "Bearer tok"}, {}, sources) == "tok"  # Foundry
+
+
+def test_azure_s_answers_are_the_openai_sdk_s_types() -> None:
+    chat = ChatCompletion.model_validate(AZURE_CHAT.final_answer(TEXT, "dep", STAMP))
+    assert chat.choices[0].message.content == TEXT
+    resp = Response.model_validate(AZURE_RESPONSES.final_answer(TEXT, "dep", STAMP))
+    assert resp.output_text == TEXT
+    body = AZURE_CHAT.error_body("the upstream model took too long", "timeout")
+    assert body["error"]["message"] == "the upstream model took too long"
+
+
+def test_ollama_s_api_reads_a_bearer_token_and_sends_the_real_key_as_one() -> None:
+    api = OLLAMA.api
+    assert (api.name, api.key_header, api.key_prefix) == ("ollama", "Authorization", "Bearer ")
+    assert presented_token({"authorization": "Bearer tok"}, {}, api.token_from) == "tok"
+    assert presented_token({}, {}, api.token_from) is None
