@@ -168,6 +168,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield Stack(n8n, sidecar, llm, recorder, imported)
 
 
+def _send_failing(stack: Stack, path: str, body: dict[str, Any]) -> Any:
+    """A webhook send whose flow is expected to fail (n8n answers 500)."""
+
+    def send() -> None:
+        r = stack.n8n.webhook(path, body, timeout=180)
+        assert r.status_code == 500, r.text
+
+    return send
+
+
 def _assert_same_call(stack: Stack, d: Any, ticket: str, task: dict[str, Any]) -> None:
     assert d.execution["status"] == "success"
     assert len(stack.recorder.for_ticket(ticket)) == MAX_SAME_CALL
@@ -204,11 +214,8 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
 
 def test_the_same_flow_straight_at_the_model_runs_to_max_iterations(stack: Stack) -> None:
     stack.llm.mode = "tool_call"
-    d = _drive(
-        stack,
-        DIRECT,
-        _webhook(stack, "gate-ollama-direct", {"ticket": "O-2", "question": "Add a note."}),
-    )
+    body = {"ticket": "O-2", "question": "Add a note."}
+    d = _drive(stack, DIRECT, _send_failing(stack, "gate-ollama-direct", body))
     assert len(d.upstream) == MAX_ITERATIONS
     assert d.execution["status"] == "error"
     assert len(stack.recorder.for_ticket("O-2")) >= MAX_ITERATIONS - 1
