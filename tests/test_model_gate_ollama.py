@@ -312,3 +312,15 @@ def test_a_money_budget_prices_ollama_turns_and_refuses_an_unpriced_model(
         with pytest.raises(ollama.ResponseError) as caught:
             client(base).chat(model="unpriced", messages=opening("money-1"), stream=False)
         assert caught.value.status_code == 422
+
+
+def test_an_unreadable_answer_is_a_502_in_ollama_s_shape(
+    gate: tuple[str, Flask], llm: FakeLLM
+) -> None:
+    base, app = gate
+    llm.mode = "garbage"
+    with pytest.raises(ollama.ResponseError) as caught:
+        one_turn(client(base), opening("garbage-1"), stream=False)
+    assert caught.value.status_code == 502
+    assert "not an Ollama chat" in str(caught.value.error)
+    assert task_by_key(app, "garbage-1")["task"]["used"]["model_calls"] == 1
