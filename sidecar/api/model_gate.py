@@ -22,7 +22,15 @@ from sidecar.api.body import read_json_object
 from sidecar.api.decisions import log_decision
 from sidecar.core.tasks import TurnDecision
 from sidecar.errors import UpstreamError
-from sidecar.gate.wire import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, WireAdapter
+from sidecar.gate.wire import (
+    ANTHROPIC_MESSAGES,
+    AZURE_CHAT,
+    AZURE_RESPONSES,
+    OLLAMA,
+    OPENAI_CHAT,
+    OPENAI_RESPONSES,
+    WireAdapter,
+)
 from sidecar.gate.wire.base import BEARER, Inbound, TokenFrom
 from sidecar.runtime import runtime
 from sidecar.service.model_gate import GateAnswer, TurnRecord
@@ -53,6 +61,20 @@ ROUTES: dict[str, tuple[Route, ...]] = {
         Route("POST", "/v1/messages", "messages", ANTHROPIC_MESSAGES),
         Route("GET", "/v1/models", "models", ANTHROPIC_MESSAGES),
     ),
+    "/v1/ollama": (
+        Route("POST", "/api/chat", "chat", OLLAMA),
+        Route("GET", "/api/tags", "tags", OLLAMA),
+    ),
+    # n8n joins Endpoint and "/openai" as they are: an Endpoint ending in "/" gives
+    # "//openai" (served as is, forwarded with one slash). AI Foundry: no deployment.
+    "/v1/azure": (
+        Route("POST", "/openai/deployments/<deployment>/chat/completions", "chat", AZURE_CHAT),
+        Route("POST", "/openai/deployments/<deployment>/responses", "responses", AZURE_RESPONSES),
+        Route("POST", "//openai/deployments/<deployment>/chat/completions", "chat2", AZURE_CHAT),
+        Route("POST", "//openai/deployments/<deployment>/responses", "resp2", AZURE_RESPONSES),
+        Route("POST", "/chat/completions", "foundry_chat", AZURE_CHAT),
+        Route("POST", "/responses", "foundry_responses", AZURE_RESPONSES),
+    ),
 }
 
 
@@ -71,10 +93,11 @@ def token_sources(path: str) -> tuple[TokenFrom, ...]:
 
 
 def _inbound() -> Inbound:
-    """The request's path below its prefix, its raw query and its headers."""
+    """The request's path below its prefix (a doubled slash after the prefix made
+    one: a base URL's trailing slash), its raw query and its headers."""
     prefix = _prefix_of(request.path) or ""
     return Inbound(
-        request.path[len(prefix) :],
+        "/" + request.path[len(prefix) :].lstrip("/"),
         request.query_string.decode("utf-8", "replace"),
         lower_headers(),
     )
@@ -156,4 +179,10 @@ for _prefix, _routes in ROUTES.items():
     _api = _prefix.rsplit("/", 1)[-1]
     for _r in _routes:
         _view = _turn_view(_r.adapter) if _r.method == "POST" else _list_view(_r.adapter)
-        bp.add_url_rule(_prefix + _r.path, f"{_api}_{_r.endpoint}", _view, methods=[_r.method])
+        bp.add_url_rule(
+            _prefix + _r.path,
+            f"{_api}_{_r.endpoint}",
+            _view,
+            methods=[_r.method],
+            merge_slashes="//" not in _r.path,
+        )

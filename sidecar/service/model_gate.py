@@ -466,7 +466,7 @@ class ModelGate:
             self._count(turn, NO_USAGE, estimate_tokens(payload, len(content)))
             raise self._bad_upstream(turn, str(exc)) from None
         self._count(turn, answer.usage, estimate_tokens(payload, len(content)))
-        denied = self._admit_calls(turn, answer.proposals)
+        denied = self._admit_calls(turn, adapter.number_calls(turn.body, answer.proposals))
         if denied is None:
             return GateAnswer(turn.record, body=parsed)
         return GateAnswer(
@@ -501,7 +501,8 @@ class ModelGate:
                         return
                     elif isinstance(event, Final):
                         self._count(turn, event.usage, estimate_tokens(payload, chars))
-                        denied = self._admit_calls(turn, event.proposals)
+                        proposals = adapter.number_calls(turn.body, event.proposals)
+                        denied = self._admit_calls(turn, proposals)
                         yield from reader.finish(held, denied, self._stamp())
                         return
         except StreamBroken as cut:

@@ -15,6 +15,17 @@ Model node uses it (its base URL is the address without ``/v1``):
 ``POST /v1/messages``, streamed with the ``event:`` names Anthropic's
 clients need, and ``GET /v1/models`` when the request sends an
 ``anthropic-version`` header (Anthropic's clients always do).
+
+The same two answer under Azure OpenAI's paths,
+``POST /openai/deployments/<deployment>/chat/completions?api-version=...``
+and ``.../responses`` (the query is ignored), and Ollama's chat API is
+``POST /api/chat`` (NDJSON lines, streamed unless ``stream: false``) with
+``GET /api/tags``. ``--api`` only says which address to give the gate
+(every API is served at once):
+
+    python3 workflows-examples/stand-in/model.py --api ollama   # http://127.0.0.1:8791
+    python3 workflows-examples/stand-in/model.py --api azure    # http://127.0.0.1:8791
+
 Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
 
 - ``tool_call`` (the default): a looping model, always the same call (the
@@ -47,6 +58,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 MODES = (
     "tool_call",
@@ -63,13 +75,15 @@ MODES = (
 
 USAGE_CHAT = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 USAGE_RESPONSES = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
+USAGE_OLLAMA = {"prompt_eval_count": 7, "eval_count": 3}
+APIS = ("openai", "ollama", "azure")
 TEXT_PARTS = ["FINAL ", "ans", "wer"]
 
 
 class FakeLLM:
     """The stand-in's state: its ``mode`` and every request it was sent (with its path
     and query, its Authorization header and all its headers, names in lower case);
-    ``base`` is its ``.../v1`` address once served."""
+    ``base`` is its ``.../v1`` address once served, ``root`` its address."""
 
     def __init__(self) -> None:
         self.mode = "tool_call"
@@ -94,11 +108,15 @@ class FakeLLM:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def error(self, anthropic: bool = False) -> tuple[int, dict[str, Any]] | None:
+    def error(
+        self, anthropic: bool = False, ollama: bool = False
+    ) -> tuple[int, dict[str, Any]] | None:
         if self.mode in ("429", "500") and anthropic:
             kind = "rate_limit_error" if self.mode == "429" else "api_error"
             message = f"fake {self.mode}"
             return int(self.mode), {"type": "error", "error": {"type": kind, "message": message}}
+        if self.mode in ("429", "500") and ollama:
+            return int(self.mode), {"error": f"fake {self.mode}"}
         if self.mode in ("429", "500"):
             return int(self.mode), {
                 "error": {
@@ -360,6 +378,72 @@ MODEL_LIST_ANTHROPIC = {
 }
 
 
+# -- Ollama ----------------------------------------------------------------------------------------
+
+OLLAMA_TAGS = {
+    "models": [
+        {
+            "name": "fake-model:latest",
+            "model": "fake-model:latest",
+            "modified_at": "2025-01-01T00:00:00Z",
+            "size": 1,
+            "digest": "0" * 64,
+            "details": {"format": "gguf", "family": "fake", "parameter_size": "1B"},
+        }
+    ]
+}
+
+
+def ollama_line(req: dict[str, Any], message: dict[str, Any], done: bool) -> dict[str, Any]:
+    return {
+        "model": req.get("model", "fake-model"),
+        "created_at": "2025-01-01T00:00:00Z",
+        "message": message,
+        "done": done,
+    }
+
+
+def ollama_done(llm: FakeLLM, req: dict[str, Any], finish: str = "stop") -> dict[str, Any]:
+    """The last line of a stream: empty content, the counts (only here, as Ollama does)."""
+    done = ollama_line(req, {"role": "assistant", "content": ""}, True)
+    done |= {"done_reason": finish, "total_duration": 1000, "load_duration": 10}
+    if llm.mode != "no_usage":
+        done |= {**USAGE_OLLAMA, "prompt_eval_duration": 100, "eval_duration": 200}
+    return done
+
+
+def ollama_calls(llm: FakeLLM, req: dict[str, Any]) -> list[dict[str, Any]]:
+    """The looping model's one call (arguments an object); none unless it proposes."""
+    llm.next_id()
+    if llm.mode not in ("tool_call", "text_then_tool"):
+        return []
+    name, arguments = first_tool(req)
+    return [{"function": {"name": name, "arguments": arguments}}]
+
+
+def ollama_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
+    calls = ollama_calls(llm, req)
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    if llm.mode != "tool_call":
+        message["content"] = "".join(TEXT_PARTS)
+    if calls:
+        message["tool_calls"] = calls
+    done = ollama_done(llm, req)
+    return {**done, "message": message}
+
+
+def ollama_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None, Any]]:
+    """An Ollama chat stream: text lines, a line with the calls, the done line."""
+    calls = ollama_calls(llm, req)
+    if llm.mode != "tool_call":
+        for part in TEXT_PARTS:
+            yield "text", ollama_line(req, {"role": "assistant", "content": part}, False)
+    if calls:
+        message = {"role": "assistant", "content": "", "tool_calls": calls}
+        yield None, ollama_line(req, message, False)
+    yield None, ollama_done(llm, req)
+
+
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
@@ -392,6 +476,8 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             llm.lists.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            if urlsplit(self.path).path == "/api/tags":
+                return self._json(200, OLLAMA_TAGS)
             listing = self.path.partition("?")[0].endswith("/models")
             if listing and self.headers.get("anthropic-version"):
                 return self._json(200, MODEL_LIST_ANTHROPIC)
@@ -411,21 +497,25 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
-        def _stream(self, events: Iterator[tuple[str | None, Any]], named: bool) -> None:
+        def _stream(
+            self, events: Iterator[tuple[str | None, Any]], named: bool, ndjson: bool = False
+        ) -> None:
             self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            kind = "application/x-ndjson" if ndjson else "text/event-stream; charset=utf-8"
+            self.send_header("Content-Type", kind)
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             texts = 0
             for tag, data in events:
                 if llm.mode == "garbage" and tag == "text":
-                    self._chunk(b"data: {not json\n\n")
+                    self._chunk(b"{not json\n" if ndjson else b"data: {not json\n\n")
                     break
                 text = data if isinstance(data, str) else json.dumps(data)
                 head = f"event: {data['type']}\n" if named and isinstance(data, dict) else ""
                 if tag == "text" and texts == 0:
                     llm.first_text_at = time.perf_counter()
-                self._chunk((head + f"data: {text}\n\n").encode())
+                framed = f"{text}\n" if ndjson else head + f"data: {text}\n\n"
+                self._chunk(framed.encode())
                 if tag == "text":
                     texts += 1
                     if texts == 1:
@@ -448,9 +538,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))
             llm.headers.append({k.lower(): v for k, v in self.headers.items()})
-            path = self.path.partition("?")[0]
+            path = urlsplit(self.path).path
             messages = path.endswith("/v1/messages")
-            failed = llm.error(anthropic=messages)
+            ollama = path == "/api/chat"
+            failed = llm.error(anthropic=messages, ollama=ollama)
             if failed is not None:
                 return self._json(*failed)
             if llm.mode == "502_html":
@@ -463,8 +554,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return None
             if llm.mode == "slow":
                 time.sleep(2)
+            if ollama and req.get("stream") is not False:
+                return self._stream(ollama_events(llm, req), named=False, ndjson=True)
             responses = path.endswith("/responses")
-            if not (responses or messages or path.endswith("/chat/completions")):
+            if not (ollama or responses or messages or path.endswith("/chat/completions")):
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
             if req.get("stream"):
                 if messages:
@@ -481,6 +574,8 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return None
             if messages:
                 answer = messages_answer(llm, req)
+            elif ollama:
+                answer = ollama_answer(llm, req)
             else:
                 answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
             if llm.mode == "cut":
@@ -518,12 +613,19 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--mode", choices=MODES, default="tool_call")
+    parser.add_argument(
+        "--api", choices=APIS, default="openai", help="the API whose address to print"
+    )
     args = parser.parse_args()
     llm = FakeLLM()
     llm.mode = args.mode
     server = _Server((args.host, args.port), _handler(llm))
     root = f"http://{args.host}:{args.port}"
-    print(f"stand-in model ({args.mode}) on {root}/v1 (OpenAI), {root} (Anthropic)", flush=True)
+    tail = "/v1" if args.api == "openai" else ""
+    print(
+        f"stand-in model ({args.mode}) on {root}{tail} ({args.api}); Anthropic's API on {root}",
+        flush=True,
+    )
     with suppress(KeyboardInterrupt):
         server.serve_forever()
 

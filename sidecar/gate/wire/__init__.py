@@ -8,7 +8,9 @@ module. The service orchestrates adapters and never branches on the format.
 from __future__ import annotations
 
 from sidecar.gate.wire.anthropic import AnthropicMessages
+from sidecar.gate.wire.azure import AzureChat, AzureResponses
 from sidecar.gate.wire.base import WireAdapter
+from sidecar.gate.wire.ollama import Ollama
 from sidecar.gate.wire.openai_chat import OpenAIChat
 from sidecar.gate.wire.openai_responses import OpenAIResponses
 
@@ -19,4 +21,19 @@ OPENAI_RESPONSES: WireAdapter = OpenAIResponses()
 #: The Anthropic Messages API (``/v1/messages``).
 ANTHROPIC_MESSAGES: WireAdapter = AnthropicMessages()
 
-__all__ = ["ANTHROPIC_MESSAGES", "OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]
+#: Ollama's chat API (``/api/chat``).
+OLLAMA: WireAdapter = Ollama()
+#: Azure OpenAI's Chat Completions (``/openai/deployments/{deployment}/chat/completions``).
+AZURE_CHAT: WireAdapter = AzureChat()
+#: Azure OpenAI's Responses API (``/openai/deployments/{deployment}/responses``).
+AZURE_RESPONSES: WireAdapter = AzureResponses()
+
+__all__ = [
+    "ANTHROPIC_MESSAGES",
+    "AZURE_CHAT",
+    "AZURE_RESPONSES",
+    "OLLAMA",
+    "OPENAI_CHAT",
+    "OPENAI_RESPONSES",
+    "WireAdapter",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.gate.wire.base import OPENAI, Framing, Usage, bad, sse
+from sidecar.gate.wire.base import OPENAI, Framing, Proposal, Usage, bad, sse
 
 
 def validate_common(body: Mapping[str, Any]) -> None:
@@ -119,6 +119,10 @@ class OpenAIBase:
         """The body's ``model``."""
         model = body.get("model")
         return model if isinstance(model, str) and model else None
+
+    def number_calls(self, body: Mapping[str, Any], proposals: list[Proposal]) -> list[Proposal]:
+        """The proposals as they are: OpenAI gives every call its id."""
+        return proposals
 
     def max_output_tokens(self, body: Mapping[str, Any]) -> int | None:
         """See :func:`max_output_tokens`."""

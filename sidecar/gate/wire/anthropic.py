@@ -327,6 +327,10 @@ class AnthropicMessages:
             and isinstance(t.get("name"), str)
         )
 
+    def number_calls(self, body: Mapping[str, Any], proposals: list[Proposal]) -> list[Proposal]:
+        """The proposals as they are: Anthropic gives every ``tool_use`` block its id."""
+        return proposals
+
     def max_output_tokens(self, body: Mapping[str, Any]) -> int | None:
         """``max_tokens``."""
         value = body.get("max_tokens")

@@ -17,10 +17,13 @@ Each adapter names its :class:`Api` (``api``): which
 goes in, the request headers passed on unchanged, and where the agent's
 loopstop token is read from; the service reads these and never the format.
 
+An API that gives calls no id (Ollama) has its adapter number the
+proposals by their position in the conversation (``number_calls``), and
+read the tool outputs coming back by the same numbers (``tool_outputs``).
+
 Room is left for what is not built yet: putting an exchange of the gate's
 own into the conversation (``with_exchange(body, proposal, output_text)``,
-DESIGN §5.1), and APIs that give calls no id (Gemini, Ollama), whose
-proposals the adapter would number by position in ``call_id``.
+DESIGN §5.1).
 """
 
 from __future__ import annotations
@@ -301,6 +304,12 @@ class WireAdapter(Protocol):
         """The most output the request allows (None: it sets no limit)."""
         ...
 
+    def number_calls(self, body: Mapping[str, Any], proposals: list[Proposal]) -> list[Proposal]:
+        """The proposals an answer to ``body`` makes, with the ids the gate tracks
+        them by: the upstream's own, or (an API without call ids) ids by position
+        that the tool outputs of later requests name again."""
+        ...
+
     def read_answer(self, answer: Any) -> Answer:
         """Read a non-streamed answer (its parsed JSON; None when it was not JSON).
 
@@ -398,6 +407,23 @@ def estimate_tokens(body: Mapping[str, Any], output_chars: int) -> int:
     characters per token; never less than 1 (a turn is never free)."""
     chars = len(json.dumps(body, separators=(",", ":"), default=str)) + output_chars
     return max(1, chars // CHARS_PER_TOKEN)
+
+
+def rfc3339(seconds: int) -> str:
+    """Unix ``seconds`` as an RFC 3339 UTC time (``2023-11-14T22:13:20Z``), by the
+    proleptic Gregorian calendar (H. Hinnant's ``civil_from_days``): no clock."""
+    days, rest = divmod(seconds, 86400)
+    z = days + 719468
+    era = (z if z >= 0 else z - 146096) // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    hh, mm, ss = rest // 3600, rest // 60 % 60, rest % 60
+    return f"{year:04d}-{month:02d}-{day:02d}T{hh:02d}:{mm:02d}:{ss:02d}Z"
 
 
 def sse(data: Any, event: str | None = None) -> bytes:
