@@ -155,7 +155,7 @@ def check_config() -> None:
     click.echo(
         f"configuration ok ({path or 'no file, defaults'}); "
         f"store {_redacted_store(settings.store)}; {auth}"
-        + (f"; n8n API {settings.n8n.api_url}" if settings.n8n else "")
+        + (f"; n8n API {_redacted_store(settings.n8n.api_url)}" if settings.n8n else "")
     )
 
 
@@ -378,9 +378,9 @@ def _child_exit(server: Any, worker: Any) -> None:
 
 
 def _redacted_store(url: str) -> str:
-    from sidecar.store.redis import _redact
+    from sidecar.urls import redact_url
 
-    return _redact(url)
+    return redact_url(url)  # a store's or n8n's URL: never its password
 
 
 def _gunicorn_base() -> type:

@@ -409,3 +409,41 @@ def test_the_executions_of_a_task_are_kept_as_long_as_the_task(
     assert resumed_task > task_expiry + 86400  # the resume made the task live longer
     assert resumed_watch == pytest.approx(resumed_task, abs=1)
     assert [e["execution_id"] for e in api.get(f"/v1/tasks/{tid}")[1]["executions"]] == ["41"]
+
+
+def test_item9_the_n8n_urls_password_is_never_shown(
+    make_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attack item 9: with ``api_url: http://user:pw@...`` and n8n down, ``/readyz``, the
+    stop's answer and the log printed the password (the store URL was redacted, n8n's not)."""
+    secret = "s3cret-n8n-pw"
+    api_url = f"http://loopstop:{secret}@127.0.0.1:{free_port()}/api/v1"
+    api = admin(build(make_app, api_url))
+    with caplog.at_level("DEBUG"):
+        status, out = api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})
+        assert status == 200 and out["cancellation"]["state"] == "failed", out
+        ready = api.get("/readyz")[1]
+        seen = api.get("/v1/workflows/wf-a")[1]
+    assert out["cancellation"]["error"].startswith("unreachable")
+    assert "loopstop:***@127.0.0.1" in out["cancellation"]["error"]
+    assert ready["n8n"]["reachable"] is False
+    for shown in (str(out), str(ready), str(seen), caplog.text):
+        assert secret not in shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://u:pw@h:1/api/v1", "http://u:***@h:1/api/v1"),
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("http://u:p/w@h/api", "http://u:***@h/api"),  # a raw "/" in the password
+        ("http://u:p@w@h/api?x=1", "http://u:***@h/api?x=1"),  # a raw "@"
+        ("http://u@h/api", "http://u@h/api"),  # no password: unchanged
+        ("http://h/api?a=b@c", "http://h/api?a=b@c"),
+        ("sqlite:///./loopstop.db", "sqlite:///./loopstop.db"),
+    ],
+)
+def test_item9_redact_url(url: str, shown: str) -> None:
+    from sidecar.urls import redact_url
+
+    assert redact_url(url) == shown

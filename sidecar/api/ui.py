@@ -234,11 +234,11 @@ N8N_REASONS = frozenset({"unreachable", "timeout", "key_refused", "bad_response"
 _STATES = frozenset(str(s) for s in CancellationState)
 
 
-def _said(result: Cancellation) -> dict[str, str]:
+def _said(result: Cancellation) -> dict[str, Any]:
     """What a /ui stop's cancellation in n8n confirmed, as query parameters of
     fixed values (a state, two counts, a failure's reason word)."""
     confirmed = sum(1 for e in result.executions if e.confirmed)
-    said = {"n8n": str(result.state), "confirmed": str(confirmed)}
+    said: dict[str, Any] = {"n8n": str(result.state), "confirmed": str(confirmed)}
     said["of"] = str(len(result.executions))
     reason = (result.error or "").split(":", 1)[0]
     if reason in N8N_REASONS:
@@ -370,7 +370,7 @@ def stop_workflow() -> Response:
         raise ValidationFailed([{"loc": ["form", "workflow"], "msg": str(exc)}]) from exc
     stopped = request.form.get("action", "stop") != "resume"
     decision = StopDecision.STOPPED if stopped else StopDecision.RESUMED
-    said: dict[str, str] = {}
+    said: dict[str, Any] = {}
     if stopped:
         _, cancellation = runtime().stops.stop_workflow(principal, "production", workflow, reason)
         said = _said(cancellation)
