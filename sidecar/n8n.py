@@ -30,6 +30,8 @@ from urllib.parse import quote
 
 import requests
 
+from sidecar.urls import redact_url
+
 #: How many pages of executions one listing reads at most (250 per page).
 MAX_PAGES = 20
 PAGE_SIZE = 250
@@ -82,6 +84,7 @@ class N8nClient:
         self, api_url: str, api_key: str, session: requests.Session, timeout_s: float
     ) -> None:
         self.base = api_url.rstrip("/")
+        self.shown = redact_url(self.base)  # what messages say: never the URL's password
         self.key = api_key
         self.session = session
         self.timeout_s = timeout_s
@@ -105,7 +108,7 @@ class N8nClient:
         except requests.Timeout as exc:
             raise N8nError("timeout", f"n8n did not answer within {self.timeout_s} s") from exc
         except requests.RequestException as exc:
-            raise N8nError("unreachable", f"{type(exc).__name__} at {self.base}") from exc
+            raise N8nError("unreachable", f"{type(exc).__name__} at {self.shown}") from exc
         if resp.status_code in (401, 403):
             raise N8nError(
                 "key_refused",

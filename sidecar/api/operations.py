@@ -21,7 +21,6 @@ from sidecar.api.models import (
     OperationResponse,
     OperationView,
     ReconcileBody,
-    RequestBody,
 )
 from sidecar.api.openapi import route
 from sidecar.canonical import canonical_json
@@ -60,11 +59,8 @@ def _answer(op: Operation, ns: str) -> Response:
     return jsonify(OperationResponse(operation=OperationView.of(op, ns)).model_dump(mode="json"))
 
 
-def _settled(
-    route_name: str, op: Operation, ns: str, reason: object, body: RequestBody
-) -> Response:
-    """Log a commit, fail or reconcile (with the n8n execution that sent it) and
-    answer with the record."""
+def _settled(route_name: str, op: Operation, ns: str, reason: object, mode: str) -> Response:
+    """Log a commit, fail or reconcile and answer with the record."""
     log_decision(
         route_name,
         op.state,
@@ -72,8 +68,7 @@ def _settled(
         operation_id=op.operation_id,
         workflow=op.workflow,
         attempt=op.attempt,
-        execution_mode=body.execution_mode,
-        execution_id=body.execution_id,
+        execution_mode=mode,
     )
     return _answer(op, ns)
 
@@ -115,7 +110,6 @@ def begin(operation_id: str) -> Response:
         workflow=op.workflow if op else body.workflow,
         attempt=op.attempt if op else None,
         execution_mode=body.execution_mode,
-        execution_id=body.execution_id,
     )
     return jsonify(BeginResponse.of(outcome, ns).model_dump(mode="json"))
 
@@ -137,7 +131,7 @@ def commit(operation_id: str) -> Response:
     op = runtime().operations.commit(
         g.principal, ns, operation_id, body.attempt, body.receipt, body.result, body.workflow
     )
-    return _settled("operations.commit", op, ns, None, body)
+    return _settled("operations.commit", op, ns, None, body.execution_mode)
 
 
 @route(
@@ -157,7 +151,7 @@ def fail(operation_id: str) -> Response:
     op = runtime().operations.fail(
         g.principal, ns, operation_id, body.attempt, body.outcome, body.detail, body.workflow
     )
-    return _settled("operations.fail", op, ns, body.outcome, body)
+    return _settled("operations.fail", op, ns, body.outcome, body.execution_mode)
 
 
 @route(
@@ -181,7 +175,7 @@ def reconcile(operation_id: str) -> Response:
     op = runtime().operations.reconcile(
         g.principal, ns, operation_id, body.outcome, body.receipt, body.evidence, body.workflow
     )
-    return _settled("operations.reconcile", op, ns, body.outcome, body)
+    return _settled("operations.reconcile", op, ns, body.outcome, body.execution_mode)
 
 
 @route(
