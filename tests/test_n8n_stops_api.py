@@ -15,7 +15,9 @@ import redis
 from fake_n8n import FakeExecution, FakeN8n, FakeN8nServer
 from flask import Flask
 
-from conftest import ADMIN_TOKEN, Api, AppFactory, free_port, sql_rows
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, SECRET, Api, AppFactory, Clock, free_port, sql_rows
+from sidecar.app import create_app
+from sidecar.urls import redact_url
 
 KEY = "n8n-api-key-0123456789"
 
@@ -444,6 +446,131 @@ def test_item9_the_n8n_urls_password_is_never_shown(
     ],
 )
 def test_item9_redact_url(url: str, shown: str) -> None:
-    from sidecar.urls import redact_url
-
     assert redact_url(url) == shown
+
+
+SCOPED_ADMIN = "tok-scoped-admin-0123456789"
+
+
+def scoped_app(store_url: str, clock: Clock, n8n: FakeN8nServer) -> Flask:
+    """An app whose tokens are an ``n8n`` token and an admin, both limited to ``wf-a``."""
+    config = {
+        "store": store_url,
+        "tokens": [
+            {"name": "a-only", "env": "TOK_A", "workflows": ["wf-a"]},
+            {"name": "a-admin", "env": "TOK_A_ADMIN", "workflows": ["wf-a"], "admin": True},
+        ],
+        "n8n": {"api_url": n8n.api_url, "timeout_s": 2, "confirm_s": 1},
+    }
+    env = {
+        "LOOPSTOP_SECRET": SECRET,
+        "TOK_A": SCOPED_TOKEN,
+        "TOK_A_ADMIN": SCOPED_ADMIN,
+        "N8N_API_KEY": KEY,
+    }
+    return create_app(config, environ=env, clock=clock)
+
+
+def test_item1_a_task_stop_never_stops_another_workflows_execution(
+    store_url: str, clock: Clock, n8n: FakeN8nServer
+) -> None:
+    """Attack item 1: a token scoped to workflow A named B's execution id on its own
+    task (n8n's ids are sequential); the task stop asked n8n to stop it. Each id is now
+    read from n8n first and stopped only when its workflowId and mode are the task's."""
+    n8n.state.add(
+        FakeExecution("6", "wf-a", status="running"),
+        FakeExecution("7", "wf-b", status="running"),  # another workflow's
+        FakeExecution("8", "wf-a", mode="manual", status="running"),  # an editor run
+    )
+    api = Api(scoped_app(store_url, clock, n8n).test_client(), SCOPED_TOKEN)
+    status, task = api.post("/v1/tasks", {"workflow": "wf-a", "execution_id": "6"})
+    assert status == 201, task
+    tid = task["task"]["task_id"]
+    for other in ("7", "8"):
+        status, out = api.post(f"/v1/tasks/{tid}/model-calls", {"execution_id": other})
+        assert status == 200, out
+    status, out = api.post(f"/v1/tasks/{tid}/stop", {"reason": "mine"})
+    assert status == 200, out
+    got = by_id(out)
+    assert got["6"]["result"] == "stopped" and got["6"]["confirmed"] is True
+    for other in ("7", "8"):
+        assert got[other]["result"] == "refused" and got[other]["confirmed"] is False
+        assert got[other]["status_before"] is None and got[other]["status_after"] is None
+        assert got[other]["error"].startswith("refused")
+    assert "another workflow" in got["7"]["error"] and "another mode" in got["8"]["error"]
+    assert n8n.state.stops() == ["6"]
+    assert n8n.state.executions["7"].status == "running"
+    assert n8n.state.executions["8"].status == "running"
+    assert out["cancellation"]["state"] == "partial"  # not everything listed was confirmed
+
+
+def test_item1_a_chain_stop_never_stops_another_workflows_execution(
+    store_url: str, clock: Clock, n8n: FakeN8nServer
+) -> None:
+    """Attack item 1: an admin scoped to A stopped B's execution through an id carried on
+    an A activation of the chain."""
+    n8n.state.add(FakeExecution("11", "wf-a"), FakeExecution("12", "wf-b"))
+    app = scoped_app(store_url, clock, n8n)
+    api = Api(app.test_client(), SCOPED_TOKEN)
+    chain = activation(api, "wf-a", "row:1", "11")["chain_id"]
+    status, _ = api.post(
+        "/v1/effects",
+        {"chain_id": chain, "target_key": "t", "content": {"a": 1}, "execution_id": "12"},
+    )
+    assert status == 200
+    listed = api.get(f"/v1/chains/{chain}")[1]["chain"]["executions"]
+    assert [(e["execution_id"], e["workflow"]) for e in listed] == [("11", "wf-a"), ("12", "wf-a")]
+    status, out = Api(app.test_client(), SCOPED_ADMIN).post(
+        f"/v1/chains/{chain}/stop", {"reason": "loop"}
+    )
+    assert status == 200, out
+    got = by_id(out)
+    assert got["11"]["result"] == "stopped"
+    assert got["12"]["result"] == "refused" and "another workflow" in got["12"]["error"]
+    assert n8n.state.stops() == ["11"]
+    assert n8n.state.executions["12"].status == "waiting"
+
+
+def test_item1_a_chain_stop_stops_each_workflows_own_executions(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """A chain that crosses workflows (A writes, B's trigger re-enters): each remembered
+    execution is checked against the workflow it acted for, so a stop by a token holding
+    both stops both; a record whose workflow is a name, not n8n's id, is refused."""
+    n8n.state.add(FakeExecution("21", "wf-a"), FakeExecution("22", "wf-b"))
+    api = admin(build(make_app, n8n.api_url))
+    first = activation(api, "wf-a", "row:1", "21")
+    status, eff = api.post(
+        "/v1/effects",
+        {"chain_id": first["chain_id"], "target_key": "row:2", "content": {"a": 1}},
+    )
+    assert status == 200, eff
+    marker = eff.get("marker")
+    again = activation(api, "wf-b", "row:2", "22", **({"marker": marker} if marker else {}))
+    assert again["chain_id"] == first["chain_id"], again
+    named = activation(api, "Order sync", "row:3", "21")  # a name: n8n knows no such id
+    out = api.post(f"/v1/chains/{first['chain_id']}/stop", {"reason": "loop"})[1]
+    assert {k: v["result"] for k, v in by_id(out).items()} == {"21": "stopped", "22": "stopped"}
+    out = api.post(f"/v1/chains/{named['chain_id']}/stop", {"reason": "loop"})[1]
+    assert by_id(out)["21"]["result"] == "refused"
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/activations", {"workflow": "wf-a", "event_key": "k"}),
+        ("/v1/tasks", {"workflow": "wf-a"}),
+        ("/v1/effects", {"workflow": "wf-a", "target_key": "t", "content": {}}),
+        ("/v1/operations/op-1/begin", {"workflow": "wf-a", "payload": {}}),
+    ],
+)
+@pytest.mark.parametrize("execution_id", ["123\n", "12\n3", " 123", "1" * 65])
+def test_item1_execution_ids_are_held_to_the_whole_pattern(
+    make_app: AppFactory, route: str, body: dict[str, Any], execution_id: str
+) -> None:
+    """Attack item 1: ``execution_id`` is held to ``^[A-Za-z0-9_-]{1,64}$`` as a whole;
+    Python's ``$`` let ``"123\\n"`` through."""
+    api = admin(make_app())
+    status, out = api.post(route, {**body, "execution_id": execution_id})
+    assert status == 422, out
+    assert out["errors"][0]["loc"] == ["body", "execution_id"]

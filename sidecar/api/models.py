@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictInt
 
+from sidecar.core.executions import EXECUTION_ID_PATTERN
 from sidecar.core.operations import (
     BeginDecision,
     BeginOutcome,
@@ -88,13 +89,16 @@ ExecutionModeField = Annotated[
 ]
 
 
+#: ``execution_id``, checked whole (``fullmatch``: ``"123\n"`` is refused).
+ExecutionId = Annotated[
+    str, Field(json_schema_extra={"pattern": EXECUTION_ID_PATTERN}), whole(EXECUTION_ID_PATTERN)
+]
 ExecutionIdField = Annotated[
-    str | None,
+    ExecutionId | None,
     Field(
         default=None,
-        pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="n8n's `$execution.id`: a chain or task stop stops the executions "
-        "that acted for it.",
+        "that acted for it (those n8n runs for the record's workflow and mode).",
     ),
 ]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import requests
@@ -83,6 +83,8 @@ class _Tracked:
     found: bool = True
     error: str | None = None
     done: bool = field(default=False)
+    target: core.Target | None = None  # a remembered id: n8n's record must match it
+    refused: str | None = None
 
 
 class StopService:
@@ -163,22 +165,28 @@ class StopService:
         try:
             for status in LISTED_STATUSES:
                 for ex in self.client.list_executions(workflow, status):
-                    if ex.workflow_id in (None, workflow) and core.mode_of_n8n(ex.mode) == mode:
+                    if ex.workflow_id == workflow and core.mode_of_n8n(ex.mode) == mode:
                         found.setdefault(ex.execution_id, ex)
         except N8nError as exc:
             return Cancellation(CancellationState.FAILED, now, mode, error=str(exc))
         tracked = [_Tracked(e.execution_id, e.status) for e in found.values()]
         return self._stop_all(mode, now, started, tracked, known=True)
 
-    def for_executions(self, mode: ExecutionMode, execution_ids: Sequence[str]) -> Cancellation:
-        """Stop the given executions (those remembered on a chain or a task)."""
+    def for_executions(self, mode: ExecutionMode, targets: Sequence[core.Target]) -> Cancellation:
+        """Stop the given executions (those remembered on a chain or a task), each
+        only when n8n reports it of its target's workflow and of ``mode``
+        (:func:`~sidecar.core.executions.refusal`); the others are ``refused``."""
         now = self.clock()
-        ids = list(dict.fromkeys(execution_ids))
+        unique = list({t.execution_id: t for t in targets}.values())
         if self.client is None:
-            results = tuple(core.judge(i, None, None) for i in ids)
+            results = tuple(
+                core.judge(t.execution_id, None, None, refused=core.refusal_before_asking(t))
+                for t in unique
+            )
             return Cancellation(CancellationState.NOT_CONFIGURED, now, mode, results)
         started = self.monotonic()
-        return self._stop_all(mode, now, started, [_Tracked(i, None) for i in ids], known=False)
+        tracked = [_Tracked(t.execution_id, None, target=t) for t in unique]
+        return self._stop_all(mode, now, started, tracked, known=False)
 
     def _stop_all(
         self,
@@ -200,9 +208,18 @@ class StopService:
                     t.error, t.done = "not asked: n8n.confirm_s passed", True
                     continue
                 if not known:
+                    assert t.target is not None
+                    t.refused = core.refusal_before_asking(t.target)
+                    if t.refused is not None:
+                        t.done = True
+                        continue
                     ex = client.get(t.execution_id)
                     if ex is None:
                         t.found, t.done = False, True
+                        continue
+                    t.refused = core.refusal(t.target, mode, ex.workflow_id, ex.mode)
+                    if t.refused is not None:  # another workflow's: never stopped
+                        t.done = True
                         continue
                     t.before = ex.status
                 if t.before in core.FINISHED:
@@ -220,7 +237,8 @@ class StopService:
                 if not t.done:
                     t.error = failure
         results = tuple(
-            core.judge(t.execution_id, t.before, t.after, t.found, t.error) for t in tracked
+            core.judge(t.execution_id, t.before, t.after, t.found, t.error, t.refused)
+            for t in tracked
         )
         return Cancellation(
             core.summarize(results, failure),
@@ -275,9 +293,9 @@ class StopService:
         """
         ns = keys.namespace(mode)
         info = self.chains.stop_chain(principal, ns, chain_id, reason, stopped=True)
-        ids = core.of_mode(info.chain.executions, mode)
+        targets = core.targets(info.chain.executions, mode, info.chain.workflow, principal.allows)
         ttl_s = info.chain.expires_at - self.clock()
-        return info, self.cancel_executions(ns, "chain", chain_id, mode, ids, ttl_s)
+        return info, self.cancel_executions(ns, "chain", chain_id, mode, targets, ttl_s)
 
     def stop_task(self, principal: Principal, ns: str, task_id: str) -> tuple[Task, Cancellation]:
         """Stop a task (:meth:`TaskService.stop`), then the n8n executions that
@@ -287,8 +305,15 @@ class StopService:
         """
         task = self.tasks.stop(principal, ns, task_id)
         mode: ExecutionMode = "test" if ns == keys.namespace("test") else "production"
-        ids = core.of_mode(self.tasks.watched(ns, task.task_id).get("executions", []), mode)
-        return task, self.cancel_executions(ns, "task", task.task_id, mode, ids, self.task_ttl_s)
+        # A task acts for its own workflow only, whatever an entry says.
+        remembered = self.tasks.watched(ns, task.task_id).get("executions", [])
+        targets = [
+            replace(t, workflow=task.workflow, in_scope=principal.allows(task.workflow))
+            for t in core.targets(remembered, mode, task.workflow, principal.allows)
+        ]
+        return task, self.cancel_executions(
+            ns, "task", task.task_id, mode, targets, self.task_ttl_s
+        )
 
     # -- after a stop committed -----------------------------------------------------
 
@@ -307,12 +332,12 @@ class StopService:
         kind: str,
         ident: str,
         mode: ExecutionMode,
-        execution_ids: Sequence[str],
+        targets: Sequence[core.Target],
         ttl_s: float,
     ) -> Cancellation:
         """After a ``chain`` or ``task`` stop committed: stop the executions that
         acted for it (:meth:`for_executions`) and record what was confirmed."""
-        result = self.for_executions(mode, execution_ids)
+        result = self.for_executions(mode, targets)
         self.record(ns, kind, ident, result, ttl_s)
         return result
 
