@@ -7,8 +7,10 @@ loopstop stop holds whatever n8n does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -20,6 +22,7 @@ from sidecar.app import create_app
 from sidecar.urls import redact_url
 
 KEY = "n8n-api-key-0123456789"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -574,3 +577,103 @@ def test_item1_execution_ids_are_held_to_the_whole_pattern(
     status, out = api.post(route, {**body, "execution_id": execution_id})
     assert status == 422, out
     assert out["errors"][0]["loc"] == ["body", "execution_id"]
+
+
+def within(seconds: float, call: Callable[[], T]) -> T:
+    """``call()``'s answer, failing the test when it takes longer than ``seconds``
+    (the call goes on in a daemon thread: a hung request never hangs the suite)."""
+    box: list[T] = []
+    worker = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert box, f"no answer within {seconds} s"
+    return box[0]
+
+
+def test_item8_a_trickling_n8n_cannot_hold_a_stop_past_its_deadline(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """Attack item 8: n8n trickling each body at 1 byte / 1.5 s (timeout_s 2) held a
+    workflow stop 42 s with confirm_s 3: requests' timeout is per read and the listing
+    was outside the deadline. A stop now asks n8n within confirm_s + timeout_s, listing
+    included, and the loopstop stop holds."""
+    n8n.state.add(FakeExecution("1", "wf-a"), FakeExecution("2", "wf-a"))
+    n8n.state.trickle_s = 1.5
+    app = make_app(
+        environ={"N8N_API_KEY": KEY},
+        n8n={"api_url": n8n.api_url, "timeout_s": 2, "confirm_s": 3},
+    )
+    api = admin(app)
+    started = time.monotonic()
+    status, out = within(10, lambda: api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"}))
+    took = time.monotonic() - started
+    assert status == 200 and out["stopped"] is not None, out
+    assert out["cancellation"]["state"] == "failed"
+    assert out["cancellation"]["error"].startswith("timeout")
+    assert took < 2 + 1.5 + 1, took  # one call's timeout_s (+ the read in flight)
+    # A chain stop (reads, stops and polls) is bounded by confirm_s + timeout_s as a whole.
+    chain = activation(api, "wf-b", "row:1", "1")["chain_id"]
+    started = time.monotonic()
+    out = within(15, lambda: api.post(f"/v1/chains/{chain}/stop", {"reason": "loop"}))[1]
+    took = time.monotonic() - started
+    assert took < 3 + 2 + 1.5 + 1, took
+    assert by_id(out)["1"]["confirmed"] is False
+
+
+def test_item8_readyz_never_waits_for_a_slow_n8n(make_app: AppFactory, n8n: FakeN8nServer) -> None:
+    """Attack item 8: eight concurrent /readyz took 30 s each while n8n trickled (the
+    readiness cache was filled only after the ping returned). One probe at a time asks
+    n8n, in the background; every probe answers at once, the last known state marked
+    stale while the ask is under way."""
+    n8n.state.trickle_s = 1.5
+    app = build(make_app, n8n.api_url)
+    times: list[float] = []
+    answers: list[dict[str, Any]] = []
+
+    def probe() -> None:
+        started = time.monotonic()
+        r = app.test_client().get("/readyz")
+        times.append(time.monotonic() - started)
+        answers.append(r.get_json())
+
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    started_all = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(times) == 8 and max(times) < 1.5, times
+    assert all(a["status"] == "ready" for a in answers)
+    assert all(a["n8n"] == {"configured": True, "reachable": None, "stale": True} for a in answers)
+    gets = [c for c in n8n.state.calls if c == ("GET", "/api/v1/executions")]
+    assert len(gets) == 1, n8n.state.calls  # one ask, not eight
+    # Once the ask has ended (its 2 s bound, plus the read in flight), probes answer
+    # what it found: n8n timed out.
+    deadline = time.monotonic() + 5
+    while (r := app.test_client().get("/readyz").get_json())["n8n"].get("stale"):
+        assert time.monotonic() < deadline, r
+        time.sleep(0.1)
+    assert r["n8n"]["reachable"] is False and r["n8n"]["warning"].startswith("timeout"), r
+    assert time.monotonic() - started_all < 2 + 1.5 + 1
+
+
+def test_a_chain_stop_whose_execution_n8n_still_reports_running_is_unconfirmed(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """Queue mode (DESIGN §6): n8n accepts the stop but its worker died, so n8n keeps
+    reporting the execution ``running``; after confirm_s the answer is ``unconfirmed``
+    with ``status_after`` = n8n's last status, never ``stopped``."""
+    n8n.state.add(FakeExecution("51", "wf-a", status="running", on_stop="ignore"))
+    api = admin(build(make_app, n8n.api_url, confirm_s=0.5))
+    chain = activation(api, "wf-a", "row:1", "51")["chain_id"]
+    out = api.post(f"/v1/chains/{chain}/stop", {"reason": "loop"})[1]
+    assert by_id(out)["51"] == {
+        "execution_id": "51",
+        "status_before": "running",
+        "status_after": "running",
+        "confirmed": False,
+        "result": "unconfirmed",
+        "error": None,
+    }
+    assert out["cancellation"]["state"] == "partial"
+    assert n8n.state.stops() == ["51"]
