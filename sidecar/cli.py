@@ -216,6 +216,10 @@ def serve(
             _bind_host(bind, strict=True)
         settings = load_settings()
         _, config_path = read_config_file(os.environ)
+        from sidecar.serving import SLOW_WRITERS_ENV, WRITE_TIMEOUT_ENV
+
+        os.environ[WRITE_TIMEOUT_ENV] = str(settings.http.write_timeout_s)
+        os.environ[SLOW_WRITERS_ENV] = str(settings.http.slow_writers)
         check_binds(settings, bind_list)
         check_free(bind_list)
         from sidecar.app import create_app
