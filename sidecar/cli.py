@@ -155,7 +155,7 @@ def check_config() -> None:
     click.echo(
         f"configuration ok ({path or 'no file, defaults'}); "
         f"store {_redacted_store(settings.store)}; {auth}"
-        + (f"; n8n API {settings.n8n.api_url}" if settings.n8n else "")
+        + (f"; n8n API {_redacted_store(settings.n8n.api_url)}" if settings.n8n else "")
     )
 
 
@@ -216,6 +216,10 @@ def serve(
             _bind_host(bind, strict=True)
         settings = load_settings()
         _, config_path = read_config_file(os.environ)
+        from sidecar.serving import SLOW_WRITERS_ENV, WRITE_TIMEOUT_ENV
+
+        os.environ[WRITE_TIMEOUT_ENV] = str(settings.http.write_timeout_s)
+        os.environ[SLOW_WRITERS_ENV] = str(settings.http.slow_writers)
         check_binds(settings, bind_list)
         check_free(bind_list)
         from sidecar.app import create_app
@@ -378,9 +382,9 @@ def _child_exit(server: Any, worker: Any) -> None:
 
 
 def _redacted_store(url: str) -> str:
-    from sidecar.store.redis import _redact
+    from sidecar.urls import redact_url
 
-    return _redact(url)
+    return redact_url(url)  # a store's or n8n's URL: never its password
 
 
 def _gunicorn_base() -> type:

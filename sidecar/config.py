@@ -318,12 +318,20 @@ class HttpConfig(_Section):
 
     :ivar checks_concurrency: outside calls of checks (requests to systems of
         record) one worker runs at once; more wait ``checks_wait_s``, then 503.
+    :ivar write_timeout_s: how long ``loopstop serve`` waits for a client to
+        take each write of an answer once its buffers are full, before it cuts
+        the connection (:mod:`sidecar.serving`).
+    :ivar slow_writers: how many threads of a worker may wait so at once (a
+        client that does not read, when they are all taken, is cut at once);
+        0 means half of ``--threads``.
     """
 
     max_body_bytes: Annotated[int, Field(ge=1024)] = 262_144
     metrics_token_env: str | None = None
     checks_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
     checks_wait_s: Annotated[float, Field(ge=0, le=60)] = 1.0
+    write_timeout_s: Annotated[float, Field(ge=1, le=300)] = 10.0
+    slow_writers: Annotated[int, Field(ge=0, le=256)] = 0
 
 
 class RedisConfig(_Section):

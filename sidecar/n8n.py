@@ -19,20 +19,34 @@ editor; ``trigger``, ``webhook``, ... otherwise), ``status`` (``new``,
 ``cursor``. A stop answers 404 for an execution n8n does not know and 409
 when it cannot be stopped (it ended meanwhile).
 
+Every call has one total deadline (its own ``timeout_s``, or the earlier
+``deadline`` a caller gives, such as a stop's): requests' ``timeout`` bounds
+each socket read, so an n8n that trickles its answer a byte at a time would
+otherwise hold the caller for as long as it likes. The body is read as it
+arrives and the call ends ``timeout`` once the deadline passes (a read in
+flight then ends within its own read timeout, itself capped by what was left).
+
 This is I/O: it is called outside every store transaction.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import requests
 
+from sidecar.urls import redact_url
+
 #: How many pages of executions one listing reads at most (250 per page).
 MAX_PAGES = 20
 PAGE_SIZE = 250
+#: The largest answer loopstop reads from n8n (a page of 250 executions is far less).
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 class N8nError(Exception):
@@ -75,37 +89,59 @@ class N8nClient:
     """n8n's public API at ``api_url`` (``.../api/v1``) with one API key.
 
     :param session: a ``requests`` session (no proxy from the environment).
-    :param timeout_s: the bound of every request, connect and read.
+    :param timeout_s: the total bound of every call (connect, headers and body).
+    :param monotonic: the clock deadlines are read on.
     """
 
     def __init__(
-        self, api_url: str, api_key: str, session: requests.Session, timeout_s: float
+        self,
+        api_url: str,
+        api_key: str,
+        session: requests.Session,
+        timeout_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base = api_url.rstrip("/")
+        self.shown = redact_url(self.base)  # what messages say: never the URL's password
         self.key = api_key
         self.session = session
         self.timeout_s = timeout_s
+        self.monotonic = monotonic
 
     def _call(
-        self, method: str, path: str, params: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None = None,
+        deadline: float | None = None,
     ) -> tuple[int, Any]:
-        """One request: ``(status, JSON body or None)``.
+        """One request: ``(status, JSON body or None)``, over by ``timeout_s`` or
+        ``deadline`` (monotonic seconds), whichever comes first.
 
         :raises N8nError: unreachable, timed out, or the key was refused.
         """
+        until = self.monotonic() + self.timeout_s
+        if deadline is not None:
+            until = min(until, deadline)
+        left = until - self.monotonic()
+        if left <= 0:
+            raise N8nError("timeout", "no time left to ask n8n (the stop's deadline passed)")
         try:
             resp = self.session.request(
                 method,
                 self.base + path,
                 params=params,
                 headers={"X-N8N-API-KEY": self.key, "Accept": "application/json"},
-                timeout=self.timeout_s,
+                timeout=left,
                 allow_redirects=False,
+                stream=True,  # the body is read below, under the same deadline
             )
+            with resp:
+                raw = self._read(resp, until)
         except requests.Timeout as exc:
-            raise N8nError("timeout", f"n8n did not answer within {self.timeout_s} s") from exc
+            raise self._late() from exc
         except requests.RequestException as exc:
-            raise N8nError("unreachable", f"{type(exc).__name__} at {self.base}") from exc
+            raise N8nError("unreachable", f"{type(exc).__name__} at {self.shown}") from exc
         if resp.status_code in (401, 403):
             raise N8nError(
                 "key_refused",
@@ -113,29 +149,54 @@ class N8nClient:
                 "scopes execution:list, execution:read, execution:stop)",
             )
         try:
-            body = resp.json() if resp.content else None
+            body = json.loads(raw) if raw else None
         except ValueError:
             body = None
         return resp.status_code, body
 
-    def ping(self) -> None:
+    def _late(self) -> N8nError:
+        return N8nError("timeout", f"n8n did not answer within {self.timeout_s} s")
+
+    def _read(self, resp: requests.Response, until: float) -> bytes:
+        """The body as it arrives (one socket read at a time), until ``until``.
+
+        :raises N8nError: ``timeout`` past the deadline; ``bad_response`` over
+            :data:`MAX_BODY_BYTES`.
+        """
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            if self.monotonic() > until:
+                raise self._late()
+            data = resp.raw.read1(65536, decode_content=True)
+            if not data:
+                return b"".join(chunks)
+            size += len(data)
+            if size > MAX_BODY_BYTES:
+                raise N8nError("bad_response", f"n8n's answer is over {MAX_BODY_BYTES} bytes")
+            chunks.append(data)
+
+    def ping(self, deadline: float | None = None) -> None:
         """Check the API answers and accepts the key (a one-item listing).
 
         :raises N8nError: when it does not.
         """
-        status, _ = self._call("GET", "/executions", {"limit": 1})
+        status, _ = self._call("GET", "/executions", {"limit": 1}, deadline)
         if status != 200:
             raise N8nError("bad_response", f"n8n answered {status} to a listing")
 
-    def list_executions(self, workflow_id: str, status: str) -> list[Execution]:
-        """The workflow's executions with ``status`` (every page, up to :data:`MAX_PAGES`).
+    def list_executions(
+        self, workflow_id: str, status: str, deadline: float | None = None
+    ) -> list[Execution]:
+        """The workflow's executions with ``status`` (every page, up to :data:`MAX_PAGES`),
+        every page read by ``deadline``.
 
         :raises N8nError: unreachable, key refused, or a bad answer.
         """
         out: list[Execution] = []
         params: dict[str, Any] = {"workflowId": workflow_id, "status": status, "limit": PAGE_SIZE}
         for _ in range(MAX_PAGES):
-            code, body = self._call("GET", "/executions", params)
+            code, body = self._call("GET", "/executions", params, deadline)
             if code != 200 or not isinstance(body, dict) or not isinstance(body.get("data"), list):
                 raise N8nError("bad_response", f"n8n answered {code} to a listing")
             out += [Execution.of(d) for d in body["data"]]
@@ -145,26 +206,30 @@ class N8nClient:
             params = {**params, "cursor": cursor}
         return out
 
-    def get(self, execution_id: str) -> Execution | None:
+    def get(self, execution_id: str, deadline: float | None = None) -> Execution | None:
         """The execution, or None when n8n does not know it (404).
 
         :raises N8nError: unreachable, key refused, or a bad answer.
         """
-        code, body = self._call("GET", f"/executions/{quote(execution_id, safe='')}")
+        code, body = self._call(
+            "GET", f"/executions/{quote(execution_id, safe='')}", deadline=deadline
+        )
         if code == 404:
             return None
         if code != 200:
             raise N8nError("bad_response", f"n8n answered {code} reading execution {execution_id}")
         return Execution.of(body)
 
-    def stop(self, execution_id: str) -> tuple[int, str | None]:
+    def stop(self, execution_id: str, deadline: float | None = None) -> tuple[int, str | None]:
         """Ask n8n to stop one execution.
 
         :returns: n8n's HTTP status (200 stopped, 404 unknown, 409 not
             stoppable: it ended meanwhile) and the status it answered, if any.
         :raises N8nError: unreachable, key refused, or an unexpected status.
         """
-        code, body = self._call("POST", f"/executions/{quote(execution_id, safe='')}/stop")
+        code, body = self._call(
+            "POST", f"/executions/{quote(execution_id, safe='')}/stop", deadline=deadline
+        )
         if code not in (200, 404, 409):
             raise N8nError("bad_response", f"n8n answered {code} stopping {execution_id}")
         status = body.get("status") if isinstance(body, dict) else None

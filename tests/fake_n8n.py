@@ -8,10 +8,14 @@ unknown, 409 not stoppable), behind ``X-N8N-API-KEY`` (401 otherwise), as
 set per test: ``cancel`` (n8n cancels it, reported after ``polls`` reads),
 ``ignore`` (it keeps running: nothing can confirm it), ``finish`` (it ended
 by itself just before the stop arrived: 409, status ``success``).
+``trickle_s`` makes every answer's body arrive one byte at a time, that many
+seconds apart (the headers come at once): a slow n8n that each socket read
+timeout alone cannot bound.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -54,6 +58,7 @@ class FakeN8n:
     key: str = "n8n-api-key-0123456789"
     page_size: int = 2
     delay_s: float = 0.0  # every answer comes this late
+    trickle_s: float = 0.0  # every body comes one byte per this many seconds
     executions: dict[str, FakeExecution] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,7 +83,14 @@ def _handler(state: FakeN8n) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if not state.trickle_s:
+                self.wfile.write(data)
+                return
+            with contextlib.suppress(OSError):  # the client gave up: fine
+                for i in range(len(data)):
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(state.trickle_s)
 
         def _auth(self) -> bool:
             if state.delay_s:

@@ -88,7 +88,7 @@ def test_operator_sees_a_stopped_chain_and_stops_a_workflow(
         page.fill("#workflow", "wf-browser")
         page.fill("#reason", "stopped from the page")
         page.click("#stop")
-        expect(page.locator("#message")).to_contain_text("workflow wf-browser stopped")
+        expect(page.locator("#message")).to_contain_text("Workflow stopped")
         after = requests.post(
             f"{api}/activations",
             headers=n8n,

@@ -53,3 +53,30 @@ def test_summaries() -> None:
     assert ex.summarize([ok, open_], None) is CancellationState.PARTIAL
     assert ex.summarize([], None) is CancellationState.NOTHING_TO_STOP
     assert ex.summarize([ok], "unreachable: x") is CancellationState.FAILED
+
+
+def test_item1_refusal_compares_n8ns_workflow_and_mode_with_the_records() -> None:
+    """Attack item 1 (the rule): a remembered id is stopped only when n8n runs it for
+    the workflow it was remembered for, in the stop's mode, and the token holds it."""
+    remembered = (
+        {"execution_id": "1", "execution_mode": "production", "workflow": "wf-a", "at": 1.0},
+        {"execution_id": "2", "execution_mode": "production", "workflow": "wf-b", "at": 2.0},
+        {"execution_id": "3", "execution_mode": "production", "at": 3.0},  # older entry
+        {"execution_id": "4", "execution_mode": "test", "workflow": "wf-a", "at": 4.0},
+    )
+    got = ex.targets(remembered, "production", "wf-a", lambda w: w == "wf-a")
+    assert [(t.execution_id, t.workflow, t.in_scope) for t in got] == [
+        ("1", "wf-a", True),
+        ("2", "wf-b", False),
+        ("3", "wf-a", True),
+    ]
+    a, b, _ = got
+    assert ex.refusal(a, "production", "wf-a", "webhook") is None
+    assert "another workflow" in (ex.refusal(a, "production", "wf-b", "webhook") or "")
+    assert "another mode" in (ex.refusal(a, "production", "wf-a", "manual") or "")
+    assert "scope" in (ex.refusal_before_asking(b) or "")
+    assert "no workflow" in (ex.refusal_before_asking(ex.Target("5", None)) or "")
+    assert "not an n8n execution id" in (ex.refusal_before_asking(ex.Target("5\n", "wf-a")) or "")
+    assert ex.remember((), "9", "production", 1.0, workflow="wf-a") == (
+        {"execution_id": "9", "execution_mode": "production", "workflow": "wf-a", "at": 1.0},
+    )

@@ -7,17 +7,22 @@ loopstop stop holds whatever n8n does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import redis
 from fake_n8n import FakeExecution, FakeN8n, FakeN8nServer
 from flask import Flask
 
-from conftest import ADMIN_TOKEN, Api, AppFactory, free_port, sql_rows
+from conftest import ADMIN_TOKEN, SCOPED_TOKEN, SECRET, Api, AppFactory, Clock, free_port, sql_rows
+from sidecar.app import create_app
+from sidecar.urls import redact_url
 
 KEY = "n8n-api-key-0123456789"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -409,3 +414,266 @@ def test_the_executions_of_a_task_are_kept_as_long_as_the_task(
     assert resumed_task > task_expiry + 86400  # the resume made the task live longer
     assert resumed_watch == pytest.approx(resumed_task, abs=1)
     assert [e["execution_id"] for e in api.get(f"/v1/tasks/{tid}")[1]["executions"]] == ["41"]
+
+
+def test_item9_the_n8n_urls_password_is_never_shown(
+    make_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attack item 9: with ``api_url: http://user:pw@...`` and n8n down, ``/readyz``, the
+    stop's answer and the log printed the password (the store URL was redacted, n8n's not)."""
+    secret = "s3cret-n8n-pw"
+    api_url = f"http://loopstop:{secret}@127.0.0.1:{free_port()}/api/v1"
+    api = admin(build(make_app, api_url))
+    with caplog.at_level("DEBUG"):
+        status, out = api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"})
+        assert status == 200 and out["cancellation"]["state"] == "failed", out
+        ready = api.get("/readyz")[1]
+        seen = api.get("/v1/workflows/wf-a")[1]
+    assert out["cancellation"]["error"].startswith("unreachable")
+    assert "loopstop:***@127.0.0.1" in out["cancellation"]["error"]
+    assert ready["n8n"]["reachable"] is False
+    for shown in (str(out), str(ready), str(seen), caplog.text):
+        assert secret not in shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://u:pw@h:1/api/v1", "http://u:***@h:1/api/v1"),
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("http://u:p/w@h/api", "http://u:***@h/api"),  # a raw "/" in the password
+        ("http://u:p@w@h/api?x=1", "http://u:***@h/api?x=1"),  # a raw "@"
+        ("http://u@h/api", "http://u@h/api"),  # no password: unchanged
+        ("http://h/api?a=b@c", "http://h/api?a=b@c"),
+        ("sqlite:///./loopstop.db", "sqlite:///./loopstop.db"),
+    ],
+)
+def test_item9_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+SCOPED_ADMIN = "tok-scoped-admin-0123456789"
+
+
+def scoped_app(store_url: str, clock: Clock, n8n: FakeN8nServer) -> Flask:
+    """An app whose tokens are an ``n8n`` token and an admin, both limited to ``wf-a``."""
+    config = {
+        "store": store_url,
+        "tokens": [
+            {"name": "a-only", "env": "TOK_A", "workflows": ["wf-a"]},
+            {"name": "a-admin", "env": "TOK_A_ADMIN", "workflows": ["wf-a"], "admin": True},
+        ],
+        "n8n": {"api_url": n8n.api_url, "timeout_s": 2, "confirm_s": 1},
+    }
+    env = {
+        "LOOPSTOP_SECRET": SECRET,
+        "TOK_A": SCOPED_TOKEN,
+        "TOK_A_ADMIN": SCOPED_ADMIN,
+        "N8N_API_KEY": KEY,
+    }
+    return create_app(config, environ=env, clock=clock)
+
+
+def test_item1_a_task_stop_never_stops_another_workflows_execution(
+    store_url: str, clock: Clock, n8n: FakeN8nServer
+) -> None:
+    """Attack item 1: a token scoped to workflow A named B's execution id on its own
+    task (n8n's ids are sequential); the task stop asked n8n to stop it. Each id is now
+    read from n8n first and stopped only when its workflowId and mode are the task's."""
+    n8n.state.add(
+        FakeExecution("6", "wf-a", status="running"),
+        FakeExecution("7", "wf-b", status="running"),  # another workflow's
+        FakeExecution("8", "wf-a", mode="manual", status="running"),  # an editor run
+    )
+    api = Api(scoped_app(store_url, clock, n8n).test_client(), SCOPED_TOKEN)
+    status, task = api.post("/v1/tasks", {"workflow": "wf-a", "execution_id": "6"})
+    assert status == 201, task
+    tid = task["task"]["task_id"]
+    for other in ("7", "8"):
+        status, out = api.post(f"/v1/tasks/{tid}/model-calls", {"execution_id": other})
+        assert status == 200, out
+    status, out = api.post(f"/v1/tasks/{tid}/stop", {"reason": "mine"})
+    assert status == 200, out
+    got = by_id(out)
+    assert got["6"]["result"] == "stopped" and got["6"]["confirmed"] is True
+    for other in ("7", "8"):
+        assert got[other]["result"] == "refused" and got[other]["confirmed"] is False
+        assert got[other]["status_before"] is None and got[other]["status_after"] is None
+        assert got[other]["error"].startswith("refused")
+    assert "another workflow" in got["7"]["error"] and "another mode" in got["8"]["error"]
+    assert n8n.state.stops() == ["6"]
+    assert n8n.state.executions["7"].status == "running"
+    assert n8n.state.executions["8"].status == "running"
+    assert out["cancellation"]["state"] == "partial"  # not everything listed was confirmed
+
+
+def test_item1_a_chain_stop_never_stops_another_workflows_execution(
+    store_url: str, clock: Clock, n8n: FakeN8nServer
+) -> None:
+    """Attack item 1: an admin scoped to A stopped B's execution through an id carried on
+    an A activation of the chain."""
+    n8n.state.add(FakeExecution("11", "wf-a"), FakeExecution("12", "wf-b"))
+    app = scoped_app(store_url, clock, n8n)
+    api = Api(app.test_client(), SCOPED_TOKEN)
+    chain = activation(api, "wf-a", "row:1", "11")["chain_id"]
+    status, _ = api.post(
+        "/v1/effects",
+        {"chain_id": chain, "target_key": "t", "content": {"a": 1}, "execution_id": "12"},
+    )
+    assert status == 200
+    listed = api.get(f"/v1/chains/{chain}")[1]["chain"]["executions"]
+    assert [(e["execution_id"], e["workflow"]) for e in listed] == [("11", "wf-a"), ("12", "wf-a")]
+    status, out = Api(app.test_client(), SCOPED_ADMIN).post(
+        f"/v1/chains/{chain}/stop", {"reason": "loop"}
+    )
+    assert status == 200, out
+    got = by_id(out)
+    assert got["11"]["result"] == "stopped"
+    assert got["12"]["result"] == "refused" and "another workflow" in got["12"]["error"]
+    assert n8n.state.stops() == ["11"]
+    assert n8n.state.executions["12"].status == "waiting"
+
+
+def test_item1_a_chain_stop_stops_each_workflows_own_executions(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """A chain that crosses workflows (A writes, B's trigger re-enters): each remembered
+    execution is checked against the workflow it acted for, so a stop by a token holding
+    both stops both; a record whose workflow is a name, not n8n's id, is refused."""
+    n8n.state.add(FakeExecution("21", "wf-a"), FakeExecution("22", "wf-b"))
+    api = admin(build(make_app, n8n.api_url))
+    first = activation(api, "wf-a", "row:1", "21")
+    status, eff = api.post(
+        "/v1/effects",
+        {"chain_id": first["chain_id"], "target_key": "row:2", "content": {"a": 1}},
+    )
+    assert status == 200, eff
+    marker = eff.get("marker")
+    again = activation(api, "wf-b", "row:2", "22", **({"marker": marker} if marker else {}))
+    assert again["chain_id"] == first["chain_id"], again
+    named = activation(api, "Order sync", "row:3", "21")  # a name: n8n knows no such id
+    out = api.post(f"/v1/chains/{first['chain_id']}/stop", {"reason": "loop"})[1]
+    assert {k: v["result"] for k, v in by_id(out).items()} == {"21": "stopped", "22": "stopped"}
+    out = api.post(f"/v1/chains/{named['chain_id']}/stop", {"reason": "loop"})[1]
+    assert by_id(out)["21"]["result"] == "refused"
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/activations", {"workflow": "wf-a", "event_key": "k"}),
+        ("/v1/tasks", {"workflow": "wf-a"}),
+        ("/v1/effects", {"workflow": "wf-a", "target_key": "t", "content": {}}),
+        ("/v1/operations/op-1/begin", {"workflow": "wf-a", "payload": {}}),
+    ],
+)
+@pytest.mark.parametrize("execution_id", ["123\n", "12\n3", " 123", "1" * 65])
+def test_item1_execution_ids_are_held_to_the_whole_pattern(
+    make_app: AppFactory, route: str, body: dict[str, Any], execution_id: str
+) -> None:
+    """Attack item 1: ``execution_id`` is held to ``^[A-Za-z0-9_-]{1,64}$`` as a whole;
+    Python's ``$`` let ``"123\\n"`` through."""
+    api = admin(make_app())
+    status, out = api.post(route, {**body, "execution_id": execution_id})
+    assert status == 422, out
+    assert out["errors"][0]["loc"] == ["body", "execution_id"]
+
+
+def within(seconds: float, call: Callable[[], T]) -> T:
+    """``call()``'s answer, failing the test when it takes longer than ``seconds``
+    (the call goes on in a daemon thread: a hung request never hangs the suite)."""
+    box: list[T] = []
+    worker = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert box, f"no answer within {seconds} s"
+    return box[0]
+
+
+def test_item8_a_trickling_n8n_cannot_hold_a_stop_past_its_deadline(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """Attack item 8: n8n trickling each body at 1 byte / 1.5 s (timeout_s 2) held a
+    workflow stop 42 s with confirm_s 3: requests' timeout is per read and the listing
+    was outside the deadline. A stop now asks n8n within confirm_s + timeout_s, listing
+    included, and the loopstop stop holds."""
+    n8n.state.add(FakeExecution("1", "wf-a"), FakeExecution("2", "wf-a"))
+    n8n.state.trickle_s = 1.5
+    app = make_app(
+        environ={"N8N_API_KEY": KEY},
+        n8n={"api_url": n8n.api_url, "timeout_s": 2, "confirm_s": 3},
+    )
+    api = admin(app)
+    started = time.monotonic()
+    status, out = within(10, lambda: api.post("/v1/workflows/wf-a/stop", {"reason": "runaway"}))
+    took = time.monotonic() - started
+    assert status == 200 and out["stopped"] is not None, out
+    assert out["cancellation"]["state"] == "failed"
+    assert out["cancellation"]["error"].startswith("timeout")
+    assert took < 2 + 1.5 + 1, took  # one call's timeout_s (+ the read in flight)
+    # A chain stop (reads, stops and polls) is bounded by confirm_s + timeout_s as a whole.
+    chain = activation(api, "wf-b", "row:1", "1")["chain_id"]
+    started = time.monotonic()
+    out = within(15, lambda: api.post(f"/v1/chains/{chain}/stop", {"reason": "loop"}))[1]
+    took = time.monotonic() - started
+    assert took < 3 + 2 + 1.5 + 1, took
+    assert by_id(out)["1"]["confirmed"] is False
+
+
+def test_item8_readyz_never_waits_for_a_slow_n8n(make_app: AppFactory, n8n: FakeN8nServer) -> None:
+    """Attack item 8: eight concurrent /readyz took 30 s each while n8n trickled (the
+    readiness cache was filled only after the ping returned). One probe at a time asks
+    n8n, in the background; every probe answers at once, the last known state marked
+    stale while the ask is under way."""
+    n8n.state.trickle_s = 1.5
+    app = build(make_app, n8n.api_url)
+    times: list[float] = []
+    answers: list[dict[str, Any]] = []
+
+    def probe() -> None:
+        started = time.monotonic()
+        r = app.test_client().get("/readyz")
+        times.append(time.monotonic() - started)
+        answers.append(r.get_json())
+
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    started_all = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(times) == 8 and max(times) < 1.5, times
+    assert all(a["status"] == "ready" for a in answers)
+    assert all(a["n8n"] == {"configured": True, "reachable": None, "stale": True} for a in answers)
+    gets = [c for c in n8n.state.calls if c == ("GET", "/api/v1/executions")]
+    assert len(gets) == 1, n8n.state.calls  # one ask, not eight
+    # Once the ask has ended (its 2 s bound, plus the read in flight), probes answer
+    # what it found: n8n timed out.
+    deadline = time.monotonic() + 5
+    while (r := app.test_client().get("/readyz").get_json())["n8n"].get("stale"):
+        assert time.monotonic() < deadline, r
+        time.sleep(0.1)
+    assert r["n8n"]["reachable"] is False and r["n8n"]["warning"].startswith("timeout"), r
+    assert time.monotonic() - started_all < 2 + 1.5 + 1
+
+
+def test_a_chain_stop_whose_execution_n8n_still_reports_running_is_unconfirmed(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """Queue mode (DESIGN §6): n8n accepts the stop but its worker died, so n8n keeps
+    reporting the execution ``running``; after confirm_s the answer is ``unconfirmed``
+    with ``status_after`` = n8n's last status, never ``stopped``."""
+    n8n.state.add(FakeExecution("51", "wf-a", status="running", on_stop="ignore"))
+    api = admin(build(make_app, n8n.api_url, confirm_s=0.5))
+    chain = activation(api, "wf-a", "row:1", "51")["chain_id"]
+    out = api.post(f"/v1/chains/{chain}/stop", {"reason": "loop"})[1]
+    assert by_id(out)["51"] == {
+        "execution_id": "51",
+        "status_before": "running",
+        "status_after": "running",
+        "confirmed": False,
+        "result": "unconfirmed",
+        "error": None,
+    }
+    assert out["cancellation"]["state"] == "partial"
+    assert n8n.state.stops() == ["51"]

@@ -10,6 +10,7 @@ must still be answered.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -125,4 +126,94 @@ def test_without_tokens_the_host_must_name_the_bound_port(tmp_path: Path) -> Non
             r = requests.get(url, headers={"Host": host}, timeout=5)
             assert r.status_code == 421, (host, r.text)
     finally:
+        served.stop()
+
+
+READERS = 40
+PIPELINED = 60
+
+
+def _never_read(port: int, stop: threading.Event, opened: list[float]) -> None:
+    """One client that never reads: a 4 KiB receive buffer, 60 pipelined
+    ``GET /openapi.json``, then silence; a new such connection every 30 s (a cut
+    one cannot tell: the server's FIN waits behind the answers it never reads)."""
+    request = f"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    while not stop.is_set():
+        opened.append(time.monotonic())
+        with contextlib.suppress(OSError), socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(5)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(request * PIPELINED)
+            stop.wait(30)
+
+
+def cut_count(served: Sidecar) -> int:
+    """Connections the server cut for not reading its answers (its log says each)."""
+    return served.log.read_text().count("closed a connection that does not read its answers")
+
+
+def test_item2_clients_that_never_read_do_not_starve_probes(
+    tmp_path: Path, sidecar_env: dict[str, str]
+) -> None:
+    """Attack item 2: 40 connections with a 4 KiB receive buffer that pipeline 60
+    ``GET /openapi.json`` each and never read held every thread of 2 workers x 8
+    threads (``/healthz`` answered 0 of 28). Each response now has a write deadline,
+    and only a few threads per worker may wait on a client that does not read (the
+    others are cut at once): ``/healthz`` and a tokened request keep being answered."""
+    from test_serve import tokens_yaml, write_config
+
+    from conftest import N8N_TOKEN
+
+    config = write_config(tmp_path / "loopstop.yaml", tokens_yaml())
+    served = Sidecar(tmp_path, {**sidecar_env, "LOOPSTOP_CONFIG": str(config)}, workers=2).start()
+    stop = threading.Event()
+    opened: list[float] = []
+    readers = [
+        threading.Thread(target=_never_read, args=(served.port, stop, opened), daemon=True)
+        for _ in range(READERS)
+    ]
+    try:
+        for t in readers:
+            t.start()
+        time.sleep(3)  # every reader connected and pipelining
+        results: dict[str, list[float]] = {"healthz": [], "tokened": []}
+        # Long enough for the readers' answers to fill the socket buffers (4 MB on
+        # loopback: about 45 of the 60 answers), which took 20 s in the attack.
+        deadline = time.monotonic() + 40
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            kind = "healthz" if i % 2 else "tokened"
+            started = time.monotonic()
+            try:
+                with requests.Session() as session:  # a fresh connection, as a probe makes
+                    if kind == "healthz":
+                        r = session.get(f"{served.base}/healthz", timeout=2)
+                    else:
+                        r = session.get(
+                            f"{served.base}/v1/whoami",
+                            headers={"Authorization": f"Bearer {N8N_TOKEN}"},
+                            timeout=2,
+                        )
+                ok = r.status_code == 200
+            except requests.RequestException:
+                ok = False
+            took = time.monotonic() - started
+            results[kind].append(took if ok else float("inf"))
+            time.sleep(0.1)
+        shares = {}
+        for kind, took in results.items():
+            within = sum(1 for t in took if t <= 2)
+            shares[kind] = within / len(took)
+            print(
+                f"{READERS} clients that never read: {kind} {within}/{len(took)} answered "
+                f"within 2 s ({shares[kind]:.1%}), slowest "
+                f"{max((t for t in took if t != float('inf')), default=0):.2f} s; "
+                f"{len(opened)} reader connections opened, {cut_count(served)} cut"
+            )
+        assert shares["healthz"] >= 0.95 and shares["tokened"] >= 0.95, shares
+        assert cut_count(served) > 0  # readers are cut, not kept forever
+    finally:
+        stop.set()
         served.stop()

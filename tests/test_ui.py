@@ -114,3 +114,31 @@ def test_reconcile_from_the_page(make_app: AppFactory) -> None:
     assert r.status_code == 303
     op = api.get("/v1/operations/pay:1", workflow="wf-pay")[1]["operation"]
     assert op["state"] == "not_committed" and op["reconciliation"]["actor"] == "operator"
+
+
+def test_item16_ui_messages_come_from_a_fixed_set(make_app: AppFactory) -> None:
+    """Attack item 16: ``/ui/?done=...`` printed any text from the query string (content
+    spoofing through a link). The query names a message key; unknown keys show nothing,
+    and the n8n summary is made of fixed values only."""
+    client = make_app().test_client()
+    login(client, ADMIN_TOKEN)
+    spoof = "Your session expired: call +1 555 0100"
+    page = client.get("/ui/", query_string={"done": spoof}).get_data(as_text=True)
+    assert "555 0100" not in page and 'id="message"' not in page
+    page = client.get(
+        "/ui/",
+        query_string={
+            "done": "chain_stopped",
+            "n8n": "partial",
+            "confirmed": "1",
+            "of": "2",
+            "n8n_error": "call +1 555 0100",
+        },
+    ).get_data(as_text=True)
+    said = "Chain stopped; n8n: partial, 1/2 executions confirmed"
+    assert f'<p id="message" class="ok">{said}</p>' in page
+    assert "555 0100" not in page
+    page = client.get("/ui/", query_string={"done": "workflow_stopped", "n8n": "pwned"}).get_data(
+        as_text=True
+    )
+    assert '<p id="message" class="ok">Workflow stopped</p>' in page and "pwned" not in page

@@ -203,7 +203,8 @@ class ExecutionStopView(BaseModel):
     ``confirmed`` is true only when n8n reported a finished status;
     ``result`` is ``stopped`` (n8n answered ``canceled``), ``finished`` (it
     ended by itself meanwhile), ``already_finished``, ``unconfirmed`` or
-    ``not_found``.
+    ``not_found`` or ``refused`` (an id that is not the chain's or task's own
+    execution in n8n: another workflow's or mode's; never asked to stop).
     """
 
     execution_id: str

@@ -32,7 +32,6 @@ OPERATION_ID_PATTERN = r"^(?!\.{1,2}$)[A-Za-z0-9._:@-]{1,200}$"
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
 
 _OPERATION_ID = re.compile(OPERATION_ID_PATTERN)
-_EXECUTION_ID = re.compile(EXECUTION_ID_PATTERN)
 _NAME = re.compile(NAME_PATTERN)
 
 
@@ -90,21 +89,17 @@ ExecutionModeField = Annotated[
 ]
 
 
-def _execution_id(value: str | None) -> str | None:
-    if value is not None and not _EXECUTION_ID.fullmatch(value):
-        raise ValueError(f"must match {EXECUTION_ID_PATTERN}")
-    return value
-
-
+#: ``execution_id``, checked whole (``fullmatch``: ``"123\n"`` is refused).
+ExecutionId = Annotated[
+    str, Field(json_schema_extra={"pattern": EXECUTION_ID_PATTERN}), whole(EXECUTION_ID_PATTERN)
+]
 ExecutionIdField = Annotated[
-    str | None,
+    ExecutionId | None,
     Field(
         default=None,
-        pattern=EXECUTION_ID_PATTERN,
         description="n8n's `$execution.id`: a chain or task stop stops the executions "
-        "that acted for it.",
+        "that acted for it (those n8n runs for the record's workflow and mode).",
     ),
-    AfterValidator(_execution_id),  # whole: the pattern's ``$`` passes a final newline
 ]
 
 

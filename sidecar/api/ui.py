@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,7 @@ from flask import (
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import nfc_name
 from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
+from sidecar.core.executions import CancellationState
 from sidecar.core.operations import OperationState, ReconcileOutcome
 from sidecar.core.stops import StopDecision
 from sidecar.errors import (
@@ -218,11 +220,51 @@ def logout() -> Response:
     return redirect(url_for("ui.login_form"), code=303)  # type: ignore[return-value]
 
 
-def _said(result: Cancellation) -> str:
-    """What a /ui stop's cancellation in n8n confirmed, in words."""
+#: The messages a redirect after a /ui action may show, by the key its query
+#: carries (``?done=<key>``): a link can name one of these, never bring its own
+#: text (content spoofing). An unknown key shows nothing.
+MESSAGES = {
+    "chain_stopped": "Chain stopped",
+    "workflow_stopped": "Workflow stopped",
+    "workflow_resumed": "Workflow resumed",
+    "operation_reconciled": "Operation reconciled",
+}
+#: Why n8n could not be asked, as :class:`~sidecar.n8n.N8nError` names it.
+N8N_REASONS = frozenset({"unreachable", "timeout", "key_refused", "bad_response"})
+_STATES = frozenset(str(s) for s in CancellationState)
+
+
+def _said(result: Cancellation) -> dict[str, Any]:
+    """What a /ui stop's cancellation in n8n confirmed, as query parameters of
+    fixed values (a state, two counts, a failure's reason word)."""
     confirmed = sum(1 for e in result.executions if e.confirmed)
-    text = f"n8n: {result.state}, {confirmed}/{len(result.executions)} executions confirmed"
-    return text + (f" ({result.error})" if result.error else "")
+    said: dict[str, Any] = {"n8n": str(result.state), "confirmed": str(confirmed)}
+    said["of"] = str(len(result.executions))
+    reason = (result.error or "").split(":", 1)[0]
+    if reason in N8N_REASONS:
+        said["n8n_error"] = reason
+    return said
+
+
+def message(args: Mapping[str, str]) -> str | None:
+    """The text a redirect's query asks ``/ui`` to show, built only from
+    :data:`MESSAGES` and fixed values (None: no key, or an unknown one)."""
+    text = MESSAGES.get(args.get("done", ""))
+    if text is None:
+        return None
+    state = args.get("n8n", "")
+    if state in _STATES:
+        text += f"; n8n: {state}"
+        confirmed, of = args.get("confirmed", ""), args.get("of", "")
+        if _count(confirmed) and _count(of):
+            text += f", {int(confirmed)}/{int(of)} executions confirmed"
+        if args.get("n8n_error") in N8N_REASONS:
+            text += f" ({args['n8n_error']})"
+    return text
+
+
+def _count(value: str) -> bool:
+    return value.isascii() and value.isdigit() and len(value) <= 4
 
 
 def _operations(rt: Runtime, principal: Principal) -> list[Any]:
@@ -258,7 +300,7 @@ def index() -> Response:
         max_open=rt.settings.operations.max_open_per_workflow,
         running_long=rt.overview.running_long(principal, NS, now, LISTED),
         running_s=int(rt.settings.outliers.running_s),
-        message=request.args.get("done"),
+        message=message(request.args),
     )
     return Response(html, mimetype="text/html")
 
@@ -313,7 +355,7 @@ def stop_chain(chain_id: str) -> Response:
     said = _said(cancellation)
     log_decision("ui.chains.stop", StopDecision.STOPPED, reason, chain_id=chain_id)
     return redirect(
-        url_for("ui.index", done=f"chain {chain_id} stopped; {said}"),  # type: ignore[return-value]
+        url_for("ui.index", done="chain_stopped", **said),  # type: ignore[return-value]
         code=303,
     )
 
@@ -328,17 +370,17 @@ def stop_workflow() -> Response:
         raise ValidationFailed([{"loc": ["form", "workflow"], "msg": str(exc)}]) from exc
     stopped = request.form.get("action", "stop") != "resume"
     decision = StopDecision.STOPPED if stopped else StopDecision.RESUMED
-    done = str(decision)
+    said: dict[str, Any] = {}
     if stopped:
         _, cancellation = runtime().stops.stop_workflow(principal, "production", workflow, reason)
-        done += "; " + _said(cancellation)
+        said = _said(cancellation)
     else:
         runtime().chains.stop_workflow(principal, NS, workflow, reason, stopped=False)
     log_decision(
         f"ui.workflows.{'stop' if stopped else 'resume'}", decision, reason, workflow=workflow
     )
     return redirect(
-        url_for("ui.index", done=f"workflow {workflow} {done}"),  # type: ignore[return-value]
+        url_for("ui.index", done=f"workflow_{decision}", **said),  # type: ignore[return-value]
         code=303,
     )
 
@@ -357,6 +399,6 @@ def reconcile(operation_id: str) -> Response:
     runtime().operations.reconcile(principal, NS, operation_id, outcome, None, evidence, workflow)
     log_decision("ui.operations.reconcile", outcome, None, operation_id=operation_id)
     return redirect(
-        url_for("ui.index", done=f"operation {operation_id} reconciled"),  # type: ignore[return-value]
+        url_for("ui.index", done="operation_reconciled"),  # type: ignore[return-value]
         code=303,
     )

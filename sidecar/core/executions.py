@@ -14,11 +14,22 @@ After asking, loopstop polls each execution until n8n reports a finished
 status (n8n-workflow ``isTerminalExecutionStatus``: ``canceled``, ``crashed``,
 ``error``, ``success``) or ``confirm_s`` passes. An execution whose end was
 not seen is ``unconfirmed``: nothing here ever reports it stopped.
+
+A chain or task stop asks n8n only for the executions that are its own
+(:func:`refusal`): each remembered id is read from n8n first, and n8n's
+``workflowId`` must be the workflow the id was remembered for (the record's
+``workflow``, which the Loop Stop node sends as ``$workflow.id``) and n8n's
+mode the stop's mode. A request can name any id (n8n's are sequential), so an
+id of another workflow's execution, or one outside the stopping token's
+workflows, is ``refused`` and never stopped. A record whose workflow is a
+name rather than n8n's id matches no execution: its stops are refused too
+(safe: loopstop never guesses which n8n workflow a name means).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -33,10 +44,15 @@ STOPPABLE = frozenset({"new", "running", "waiting", "unknown"})
 
 ExecutionMode = Literal["test", "production"]
 
-#: What an n8n execution id may be wherever loopstop takes one (the API's
-#: ``execution_id`` fields, the model gate's ``loopstop-execution`` line): n8n's
-#: ids are decimal; nothing here is ever a path segment such as ``..``.
+#: What an ``execution_id`` must be wherever it enters (n8n's ids are decimal
+#: strings), as JSON Schema reads it; checked whole (``fullmatch``).
 EXECUTION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_EXECUTION_ID = re.compile(EXECUTION_ID_PATTERN)
+
+
+def valid_execution_id(value: str) -> bool:
+    """Whether ``value`` is an execution id loopstop accepts (the whole string)."""
+    return _EXECUTION_ID.fullmatch(value) is not None
 
 
 def mode_of_n8n(n8n_mode: str | None) -> ExecutionMode:
@@ -50,8 +66,11 @@ def remember(
     mode: ExecutionMode,
     now: float,
     limit: int = REMEMBERED,
+    workflow: str | None = None,
 ) -> tuple[dict[str, Any], ...] | None:
-    """The list with ``execution_id`` added (or moved last), bounded to ``limit``.
+    """The list with ``execution_id`` added (or moved last), bounded to ``limit``,
+    each entry ``{execution_id, execution_mode, workflow, at}``: ``workflow`` is
+    the one the request acted for (a stop checks n8n's ``workflowId`` against it).
 
     :returns: the new list, or None when nothing changes (no id, or it is
         already the most recent entry): the caller then writes nothing.
@@ -61,13 +80,82 @@ def remember(
     if executions and executions[-1].get("execution_id") == execution_id:
         return None
     kept = [dict(e) for e in executions if e.get("execution_id") != execution_id]
-    kept.append({"execution_id": execution_id, "execution_mode": mode, "at": now})
+    entry: dict[str, Any] = {"execution_id": execution_id, "execution_mode": mode, "at": now}
+    if workflow is not None:
+        entry["workflow"] = workflow
+    kept.append(entry)
     return tuple(kept[-limit:])
 
 
 def of_mode(executions: Iterable[Mapping[str, Any]], mode: ExecutionMode) -> list[str]:
     """The remembered execution ids of one mode, oldest first."""
     return [str(e["execution_id"]) for e in executions if e.get("execution_mode", mode) == mode]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A remembered execution a chain or task stop may ask n8n about.
+
+    :ivar workflow: the workflow it was remembered for (n8n's ``workflowId``
+        must be this one); None for a task that names no workflow (refused).
+    :ivar in_scope: the stopping token holds that workflow.
+    """
+
+    execution_id: str
+    workflow: str | None
+    in_scope: bool = True
+
+
+def targets(
+    executions: Iterable[Mapping[str, Any]],
+    mode: ExecutionMode,
+    own_workflow: str | None,
+    allows: Callable[[str | None], bool],
+) -> list[Target]:
+    """The remembered executions of ``mode``, oldest first, each with the workflow
+    it acted for (entries remembered without one: the record's ``own_workflow``)
+    and whether ``allows`` (the stopping token's scope) holds that workflow."""
+    out = []
+    for e in executions:
+        if e.get("execution_mode", mode) != mode:
+            continue
+        workflow = e.get("workflow")
+        workflow = workflow if isinstance(workflow, str) else own_workflow
+        out.append(Target(str(e["execution_id"]), workflow, allows(workflow)))
+    return out
+
+
+def refusal_before_asking(target: Target) -> str | None:
+    """What :func:`refusal` can tell before n8n is read: a malformed id, or a
+    workflow outside the token's scope (n8n is then never asked about it)."""
+    if not valid_execution_id(target.execution_id):
+        return "refused: not an n8n execution id"
+    if not target.in_scope:
+        return "refused: the execution acted for a workflow outside the token's scope"
+    if target.workflow is None:
+        return "refused: the record names no workflow, so no n8n execution can be matched to it"
+    return None
+
+
+def refusal(
+    target: Target, mode: ExecutionMode, n8n_workflow_id: str | None, n8n_mode: str | None
+) -> str | None:
+    """Why a chain or task stop must not stop this execution, read from n8n
+    (None: it may): :func:`refusal_before_asking`, else n8n runs it for another
+    workflow than the one it was remembered for, or in another mode than the
+    stop's (DESIGN §6: such an id is never stopped, and listed as refused).
+    """
+    before = refusal_before_asking(target)
+    if before is not None:
+        return before
+    if n8n_workflow_id != target.workflow:
+        return (
+            f"refused: n8n runs this execution for another workflow than {target.workflow!r} "
+            "(a stop reaches only executions whose n8n workflowId is the record's workflow)"
+        )
+    if mode_of_n8n(n8n_mode) != mode:
+        return f"refused: n8n runs this execution in another mode than {mode}"
+    return None
 
 
 class Confirmation(StrEnum):
@@ -78,6 +166,7 @@ class Confirmation(StrEnum):
     ALREADY_FINISHED = "already_finished"  # it had finished before loopstop asked
     UNCONFIRMED = "unconfirmed"  # no finished status seen within confirm_s
     NOT_FOUND = "not_found"  # n8n does not know it (deleted, or another instance's)
+    REFUSED = "refused"  # not the chain's or task's own (another workflow or mode): not asked
 
 
 @dataclass(frozen=True)
@@ -113,12 +202,17 @@ def judge(
     status_after: str | None,
     found: bool = True,
     error: str | None = None,
+    refused: str | None = None,
 ) -> ExecutionResult:
     """Classify one execution from what n8n reported before and after the stop.
 
     Only a finished status reported by n8n confirms; a missing execution is
-    ``not_found`` (not confirmed: loopstop did not see it end).
+    ``not_found`` (not confirmed: loopstop did not see it end); a refused one
+    (:func:`refusal`, its reason in ``refused``) is ``refused``, shown without
+    the statuses of an execution that is not the stop's own.
     """
+    if refused is not None:
+        return ExecutionResult(execution_id, None, None, False, Confirmation.REFUSED, refused)
     if not found:
         return ExecutionResult(
             execution_id, status_before, status_after, False, Confirmation.NOT_FOUND, error

@@ -12,9 +12,10 @@ cancellation failed and why.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import requests
@@ -41,6 +42,9 @@ POLL_MAX_S = 1.0
 #: so that a probe stays fast while n8n hangs.
 READY_CACHE_S = 10.0
 READY_TIMEOUT_S = 2.0
+#: How long the one ``/readyz`` that starts a new ask waits for it before answering
+#: the last known state (the others never wait).
+READY_WAIT_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class _Tracked:
     found: bool = True
     error: str | None = None
     done: bool = field(default=False)
+    target: core.Target | None = None  # a remembered id: n8n's record must match it
+    refused: str | None = None
 
 
 class StopService:
@@ -124,32 +130,60 @@ class StopService:
         self.client: N8nClient | None = None
         self._probe: N8nClient | None = None
         self._ready: tuple[float, dict[str, Any]] | None = None
+        self._ready_lock = threading.Lock()
+        self._asking: threading.Thread | None = None
         if config is not None:
             key = environ.get(config.api_key_env, "")
-            self.client = N8nClient(config.api_url, key, session, config.timeout_s)
+            self.client = N8nClient(config.api_url, key, session, config.timeout_s, monotonic)
             probe_s = min(config.timeout_s, READY_TIMEOUT_S)
-            self._probe = N8nClient(config.api_url, key, session, probe_s)
+            self._probe = N8nClient(config.api_url, key, session, probe_s, monotonic)
 
     # -- readiness -----------------------------------------------------------------
 
     def ready(self) -> dict[str, Any]:
         """Whether n8n's API answers, for ``/readyz`` (a warning, never "not ready").
 
-        Asked at most every :data:`READY_CACHE_S` seconds, within
-        :data:`READY_TIMEOUT_S`: the answer may be that old.
+        Never blocks a probe on n8n: the answer is cached for
+        :data:`READY_CACHE_S` seconds; past that, one thread at a time asks n8n
+        again (in the background, within :data:`READY_TIMEOUT_S`) and the
+        probe that started it waits at most :data:`READY_WAIT_S`. Every other
+        probe, and that one when n8n is slower, answers the last known state
+        marked ``stale: true`` (``reachable: null`` before the first answer).
         """
         if self._probe is None:
             return {"configured": False}
-        now = self.monotonic()
-        if self._ready is not None and now - self._ready[0] < READY_CACHE_S:
-            return self._ready[1]
+        with self._ready_lock:
+            known = self._ready
+            if known is not None and self.monotonic() - known[0] < READY_CACHE_S:
+                return known[1]
+            asking = self._asking
+            started = asking is None
+            if asking is None:
+                asking = self._asking = threading.Thread(
+                    target=self._ask_ready, name="loopstop-n8n-ready", daemon=True
+                )
+                asking.start()
+        if started:
+            asking.join(READY_WAIT_S)
+        with self._ready_lock:
+            if self._ready is not None and self._ready is not known:
+                return self._ready[1]  # asked just now
+            last = known[1] if known is not None else {"configured": True, "reachable": None}
+        return {**last, "stale": True}
+
+    def _ask_ready(self) -> None:
+        """Ask n8n once (the background part of :meth:`ready`)."""
+        assert self._probe is not None
         facts: dict[str, Any] = {"configured": True, "reachable": True}
         try:
             self._probe.ping()
         except N8nError as exc:
             facts = {"configured": True, "reachable": False, "warning": str(exc)}
-        self._ready = (now, facts)
-        return facts
+        except Exception as exc:  # never leave readiness stuck "asking"
+            facts = {"configured": True, "reachable": False, "warning": type(exc).__name__}
+        with self._ready_lock:
+            self._ready = (self.monotonic(), facts)
+            self._asking = None
 
     # -- stops ---------------------------------------------------------------------
 
@@ -160,25 +194,40 @@ class StopService:
             return Cancellation(CancellationState.NOT_CONFIGURED, now, mode)
         started = self.monotonic()
         found: dict[str, Execution] = {}
-        try:
+        try:  # the listing is inside the stop's one deadline too
             for status in LISTED_STATUSES:
-                for ex in self.client.list_executions(workflow, status):
-                    if ex.workflow_id in (None, workflow) and core.mode_of_n8n(ex.mode) == mode:
+                for ex in self.client.list_executions(workflow, status, self._until(started)):
+                    if ex.workflow_id == workflow and core.mode_of_n8n(ex.mode) == mode:
                         found.setdefault(ex.execution_id, ex)
         except N8nError as exc:
-            return Cancellation(CancellationState.FAILED, now, mode, error=str(exc))
+            elapsed = round(self.monotonic() - started, 3)
+            return Cancellation(
+                CancellationState.FAILED, now, mode, error=str(exc), elapsed_s=elapsed
+            )
         tracked = [_Tracked(e.execution_id, e.status) for e in found.values()]
         return self._stop_all(mode, now, started, tracked, known=True)
 
-    def for_executions(self, mode: ExecutionMode, execution_ids: Sequence[str]) -> Cancellation:
-        """Stop the given executions (those remembered on a chain or a task)."""
+    def for_executions(self, mode: ExecutionMode, targets: Sequence[core.Target]) -> Cancellation:
+        """Stop the given executions (those remembered on a chain or a task), each
+        only when n8n reports it of its target's workflow and of ``mode``
+        (:func:`~sidecar.core.executions.refusal`); the others are ``refused``."""
         now = self.clock()
-        ids = list(dict.fromkeys(execution_ids))
+        unique = list({t.execution_id: t for t in targets}.values())
         if self.client is None:
-            results = tuple(core.judge(i, None, None) for i in ids)
+            results = tuple(
+                core.judge(t.execution_id, None, None, refused=core.refusal_before_asking(t))
+                for t in unique
+            )
             return Cancellation(CancellationState.NOT_CONFIGURED, now, mode, results)
         started = self.monotonic()
-        return self._stop_all(mode, now, started, [_Tracked(i, None) for i in ids], known=False)
+        tracked = [_Tracked(t.execution_id, None, target=t) for t in unique]
+        return self._stop_all(mode, now, started, tracked, known=False)
+
+    def _until(self, started: float) -> float:
+        """When a stop that started at ``started`` must be done asking n8n:
+        ``confirm_s`` plus one request's ``timeout_s`` (monotonic seconds)."""
+        assert self.config is not None
+        return started + self.config.confirm_s + self.config.timeout_s
 
     def _stop_all(
         self,
@@ -192,35 +241,29 @@ class StopService:
         client = self.client
         failure: str | None = None
         # Asking is bounded too (a slow n8n times many executions): past confirm_s plus
-        # one request's timeout, the rest are left unconfirmed, never claimed stopped.
-        ask_until = started + self.config.confirm_s + self.config.timeout_s
+        # one request's timeout, the rest are left unconfirmed, never claimed stopped;
+        # every request ends by then whatever n8n does (a trickled answer included).
+        ask_until = self._until(started)
         try:
             for t in tracked:
                 if self.monotonic() > ask_until:
                     t.error, t.done = "not asked: n8n.confirm_s passed", True
                     continue
-                if not known:
-                    ex = client.get(t.execution_id)
-                    if ex is None:
-                        t.found, t.done = False, True
-                        continue
-                    t.before = ex.status
-                if t.before in core.FINISHED:
-                    t.after, t.done = t.before, True
-                    continue
-                code, answered = client.stop(t.execution_id)
-                if code == 404:
-                    t.found, t.done = False, True
-                elif answered in core.FINISHED:
-                    t.after, t.done = answered, True
-            self._confirm(client, [t for t in tracked if not t.done], started)
+                try:
+                    self._ask(client, mode, t, known, ask_until)
+                except N8nError as exc:
+                    if not self._out_of_time(exc, ask_until):
+                        raise
+                    t.error, t.done = "no answer before n8n.confirm_s passed", True
+            self._confirm(client, [t for t in tracked if not t.done], started, ask_until)
         except N8nError as exc:
             failure = str(exc)
             for t in tracked:
                 if not t.done:
                     t.error = failure
         results = tuple(
-            core.judge(t.execution_id, t.before, t.after, t.found, t.error) for t in tracked
+            core.judge(t.execution_id, t.before, t.after, t.found, t.error, t.refused)
+            for t in tracked
         )
         return Cancellation(
             core.summarize(results, failure),
@@ -231,14 +274,56 @@ class StopService:
             round(self.monotonic() - started, 3),
         )
 
-    def _confirm(self, client: N8nClient, pending: list[_Tracked], started: float) -> None:
-        """Poll until each execution reports a finished status or ``confirm_s`` passes."""
+    def _out_of_time(self, exc: N8nError, until: float) -> bool:
+        """Whether ``exc`` is the stop's own deadline cutting a request (then the
+        executions left are unconfirmed, not a failure of n8n)."""
+        return exc.reason == "timeout" and self.monotonic() >= until - 0.05
+
+    def _ask(
+        self, client: N8nClient, mode: ExecutionMode, t: _Tracked, known: bool, until: float
+    ) -> None:
+        """Read one execution (when only its id is known), then ask n8n to stop it
+        unless it is refused or already over; ``t`` records what n8n said."""
+        if not known:
+            assert t.target is not None
+            t.refused = core.refusal_before_asking(t.target)
+            if t.refused is not None:
+                t.done = True
+                return
+            ex = client.get(t.execution_id, until)
+            if ex is None:
+                t.found, t.done = False, True
+                return
+            t.refused = core.refusal(t.target, mode, ex.workflow_id, ex.mode)
+            if t.refused is not None:  # another workflow's: never stopped
+                t.done = True
+                return
+            t.before = ex.status
+        if t.before in core.FINISHED:
+            t.after, t.done = t.before, True
+            return
+        code, answered = client.stop(t.execution_id, until)
+        if code == 404:
+            t.found, t.done = False, True
+        elif answered in core.FINISHED:
+            t.after, t.done = answered, True
+
+    def _confirm(
+        self, client: N8nClient, pending: list[_Tracked], started: float, until: float
+    ) -> None:
+        """Poll until each execution reports a finished status or ``confirm_s``
+        passes (each read over by ``until``)."""
         assert self.config is not None
         deadline = started + self.config.confirm_s
         wait = POLL_FIRST_S
         while pending:
             for t in list(pending):
-                ex = client.get(t.execution_id)
+                try:
+                    ex = client.get(t.execution_id, until)
+                except N8nError as exc:
+                    if self._out_of_time(exc, until):
+                        return  # the ones left stay unconfirmed
+                    raise
                 if ex is None:
                     t.found, t.done = False, True
                 else:
@@ -275,9 +360,9 @@ class StopService:
         """
         ns = keys.namespace(mode)
         info = self.chains.stop_chain(principal, ns, chain_id, reason, stopped=True)
-        ids = core.of_mode(info.chain.executions, mode)
+        targets = core.targets(info.chain.executions, mode, info.chain.workflow, principal.allows)
         ttl_s = info.chain.expires_at - self.clock()
-        return info, self.cancel_executions(ns, "chain", chain_id, mode, ids, ttl_s)
+        return info, self.cancel_executions(ns, "chain", chain_id, mode, targets, ttl_s)
 
     def stop_task(self, principal: Principal, ns: str, task_id: str) -> tuple[Task, Cancellation]:
         """Stop a task (:meth:`TaskService.stop`), then the n8n executions that
@@ -287,8 +372,15 @@ class StopService:
         """
         task = self.tasks.stop(principal, ns, task_id)
         mode: ExecutionMode = "test" if ns == keys.namespace("test") else "production"
-        ids = core.of_mode(self.tasks.watched(ns, task.task_id).get("executions", []), mode)
-        return task, self.cancel_executions(ns, "task", task.task_id, mode, ids, self.task_ttl_s)
+        # A task acts for its own workflow only, whatever an entry says.
+        remembered = self.tasks.watched(ns, task.task_id).get("executions", [])
+        targets = [
+            replace(t, workflow=task.workflow, in_scope=principal.allows(task.workflow))
+            for t in core.targets(remembered, mode, task.workflow, principal.allows)
+        ]
+        return task, self.cancel_executions(
+            ns, "task", task.task_id, mode, targets, self.task_ttl_s
+        )
 
     # -- after a stop committed -----------------------------------------------------
 
@@ -307,12 +399,12 @@ class StopService:
         kind: str,
         ident: str,
         mode: ExecutionMode,
-        execution_ids: Sequence[str],
+        targets: Sequence[core.Target],
         ttl_s: float,
     ) -> Cancellation:
         """After a ``chain`` or ``task`` stop committed: stop the executions that
         acted for it (:meth:`for_executions`) and record what was confirmed."""
-        result = self.for_executions(mode, execution_ids)
+        result = self.for_executions(mode, targets)
         self.record(ns, kind, ident, result, ttl_s)
         return result
 

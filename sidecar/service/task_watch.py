@@ -119,7 +119,7 @@ class TaskWatch:
         doc = self.doc(txn, ns, task.task_id) if needed else {}
         changed = False
         remembered = n8n_executions.remember(
-            doc.get("executions", []), execution_id, execution_mode, now
+            doc.get("executions", []), execution_id, execution_mode, now, workflow=task.workflow
         )
         if remembered is not None:
             doc["executions"] = list(remembered)

@@ -81,7 +81,7 @@ from sidecar.store.base import (
     decode_doc,
     encode_doc,
 )
-from sidecar.store.redis import _redact
+from sidecar.urls import redact_url
 
 log = logging.getLogger("loopstop.store")
 
@@ -269,7 +269,7 @@ class PostgresStore(Store):
         self.conninfo = urlunparse(
             parsed._replace(scheme=scheme, query=urlencode({k: v[-1] for k, v in query.items()}))
         )
-        self.url_redacted = _redact(self.conninfo)
+        self.url_redacted = redact_url(self.conninfo)
         self.timeout_s = timeout_s
         self.clock = clock
         self.max_retries = max_retries

@@ -79,6 +79,7 @@ from redis.sentinel import Sentinel
 from sidecar import metrics
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, decode_doc, encode_doc
+from sidecar.urls import redact_url
 
 log = logging.getLogger("loopstop.store")
 
@@ -131,7 +132,7 @@ class RedisStore(Store):
         socket_timeout = min(float(query.pop("socket_timeout_s", [str(timeout_s)])[0]), timeout_s)
         connect_timeout = min(float(query.pop("connect_timeout_s", ["1"])[0]), timeout_s)
         base = url.split("?", 1)[0]
-        self.url_redacted = _redact(base)
+        self.url_redacted = redact_url(base)
         options: dict[str, Any] = {
             "decode_responses": True,
             "socket_timeout": socket_timeout,
@@ -699,14 +700,3 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str |
     if db and not db.isdigit():
         raise ValueError(f"db {db!r} is not a number")
     return hosts, service, int(db or 0), password
-
-
-def _redact(url: str) -> str:
-    """The URL without its password (for the operator log)."""
-    scheme, sep, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    if "@" in netloc:
-        auth, host = netloc.rsplit("@", 1)
-        user, colon, _password = auth.partition(":")
-        netloc = f"{user}:***@{host}" if colon else netloc
-    return f"{scheme}{sep}{netloc}{slash}{path}"

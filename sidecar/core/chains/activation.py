@@ -229,7 +229,7 @@ def _proceed(
     subject_times: tuple[float, ...],
 ) -> tuple[ActivationChanges, ActivationOutcome]:
     new_chain = _record(chain, req, now, ActivationDecision.PROCEED, reason, depth)
-    new_chain = new_chain.with_execution(req.execution_id, req.execution_mode, now)
+    new_chain = new_chain.with_execution(req.execution_id, req.execution_mode, now, req.workflow)
     times = (*subject_times, now) if req.has_subject else subject_times
     changes = ActivationChanges(
         seen=Seen(req.content_fp, now),

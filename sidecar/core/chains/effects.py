@@ -47,7 +47,7 @@ def register_effect(
     if chain is None or not chain.alive(now):
         chain = Chain.fresh(req.new_chain_id, req.workflow, now, limits.chain_ttl_s)
     chain = replace(chain, effects=chain.effects + 1, updated_at=now)
-    chain = chain.with_execution(req.execution_id, req.execution_mode, now)
+    chain = chain.with_execution(req.execution_id, req.execution_mode, now, req.workflow)
     expires_at = now + req.ttl_s if req.ttl_s is not None else chain.expires_at
     effect = Effect(
         effect_id=req.effect_id,

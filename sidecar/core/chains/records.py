@@ -70,7 +70,8 @@ class Chain:
     :ivar executions: the n8n executions that acted for the chain (an
         activation that proceeded, an effect), the most recent
         :data:`~sidecar.core.executions.REMEMBERED`:
-        ``{execution_id, execution_mode, at}``; a chain stop stops these.
+        ``{execution_id, execution_mode, workflow, at}``; a chain stop stops
+        these (those n8n runs for that workflow and mode).
     """
 
     chain_id: str
@@ -122,9 +123,14 @@ class Chain:
             }
         )
 
-    def with_execution(self, execution_id: str | None, mode: ExecutionMode, now: float) -> Chain:
-        """The chain remembering that ``execution_id`` acted for it (bounded)."""
-        remembered = n8n_executions.remember(self.executions, execution_id, mode, now)
+    def with_execution(
+        self, execution_id: str | None, mode: ExecutionMode, now: float, workflow: str
+    ) -> Chain:
+        """The chain remembering that ``execution_id`` acted for it (bounded), for
+        ``workflow`` (the request's: a chain stop checks n8n's ``workflowId`` against it)."""
+        remembered = n8n_executions.remember(
+            self.executions, execution_id, mode, now, workflow=workflow
+        )
         return self if remembered is None else replace(self, executions=remembered)
 
 
