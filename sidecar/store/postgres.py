@@ -452,25 +452,36 @@ class PostgresStore(Store):
         # two such writers could both pass the check and one overwrite the other).
         exclusive = sorted({_lock_id(k) for k in plan.writes} - held_exclusive)
         shared = sorted({_lock_id(k) for k in compared} - set(exclusive) - held)
+        # The server's refusal may come back while the pipeline is still sending: it is
+        # caught inside the block, so the pipeline ends quietly (psycopg logs a warning
+        # for an error that leaves the block), and raised once the pipeline is closed.
+        failure: psycopg.Error | None = None
         try:
             with conn.pipeline():
-                if not self.serializable:
-                    if not hot:
-                        conn.execute("BEGIN")
-                    if exclusive or shared:
-                        conn.execute(_LOCKS, {"c": LOCK_CLASS, "x": exclusive, "s": shared})
-                    conn.execute(_CHECK, (compared, [raw[k] for k in compared], now, self.identity))
-                self._apply(conn, plan, now)
-                conn.execute("COMMIT")
-        except psycopg.Error as exc:
-            if exc.sqlstate == "LS409":
-                raise _Conflict(set(plan.writes), set(compared)) from exc
-            if isinstance(exc, pgerrors.InvalidParameterValue):
-                raise RuntimeError(f"increment: {exc.diag.message_primary}") from exc
-            raise
+                try:
+                    if not self.serializable:
+                        if not hot:
+                            conn.execute("BEGIN")
+                        if exclusive or shared:
+                            conn.execute(_LOCKS, {"c": LOCK_CLASS, "x": exclusive, "s": shared})
+                        conn.execute(
+                            _CHECK, (compared, [raw[k] for k in compared], now, self.identity)
+                        )
+                    self._apply(conn, plan, now)
+                    conn.execute("COMMIT")
+                except psycopg.Error as exc:
+                    failure = exc
+        except psycopg.Error as exc:  # at the pipeline's end: the refusal, or "aborted" after it
+            failure = failure or exc
         finally:
             metrics.STORE_ROUND_TRIPS.inc()  # a pipeline that lost was a round trip too
-        return plan
+        if failure is None:
+            return plan
+        if failure.sqlstate == "LS409":
+            raise _Conflict(set(plan.writes), set(compared)) from failure
+        if isinstance(failure, pgerrors.InvalidParameterValue):
+            raise RuntimeError(f"increment: {failure.diag.message_primary}") from failure
+        raise failure
 
     @staticmethod
     def _keep(
