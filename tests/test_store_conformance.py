@@ -657,6 +657,31 @@ def test_postgres_lost_compare_and_set_logs_nothing(
     store.close()
 
 
+def test_postgres_a_pooled_connection_the_server_closed_is_replaced(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends loopstop's idle sessions (``idle_session_timeout``, a restart, a
+    proxy): the next decision gets a fresh connection instead of a 503, because a
+    connection idle past ``IDLE_CHECK_S`` is checked before it is used."""
+    import psycopg
+
+    from sidecar.store import postgres
+
+    store = _postgres(postgres_server)
+    put(store, "k", {"n": 1})
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'loopstop' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert ended is not None and ended[0] >= 1
+    monkeypatch.setattr(postgres, "IDLE_CHECK_S", 0.0)
+    assert store.get("k") == {"n": 1}
+    put(store, "k", {"n": 2})
+    assert store.get("k") == {"n": 2}
+    store.close()
+
+
 def _advisory_locks(url: str) -> list[str]:
     """The modes of the key locks (this store's lock class) held right now."""
     import psycopg
