@@ -318,9 +318,7 @@ def test_the_decision_log_names_the_execution_of_every_guarded_write(
     again = api.begin("order-9", {"o": 9}, workflow="wf-crm", execution_id="104")
     assert again["decision"] == "reconcile"
     reconcile(api, "order-9", "not_committed", token=ADMIN_TOKEN, workflow="wf-crm")
-    lines = [
-        json.loads(r.getMessage()) for r in caplog.records if r.name == "loopstop.decisions"
-    ]
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "loopstop.decisions"]
     seen = [(x["route"], x["operation_id"], x.get("execution_id")) for x in lines]
     assert seen == [
         ("operations.begin", "order-7", "101"),

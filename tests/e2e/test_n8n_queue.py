@@ -619,17 +619,53 @@ def test_a_worker_killed_mid_write_leaves_reconcile_never_a_second_write(
         assert r.status_code == 200 and r.json()["order_id"] == o, r.text
     created = Counter(str(x["order_id"]) for x in queue.records.orders)
     assert all(created[o] == 1 for o in orders), created
-    left = {
-        r["id"]: r["status"]
-        for r in queue.n8n.executions(CRM_WORKFLOW)
-        if r["id"] in {executions[op] for op in lost}
-    }
+    # n8n still calls the dead worker's executions running: a workflow stop asks it to stop
+    # them; one n8n cannot end within confirm_s is unconfirmed (never stopped), and /ui lists it.
+    dead = {executions[op] for op in lost}
+    left = {r["id"]: r["status"] for r in queue.n8n.executions(CRM_WORKFLOW) if r["id"] in dead}
+    left_after = time.monotonic() - killed_at
+    out = queue.admin(f"/v1/workflows/{CRM_WORKFLOW}/stop", {"reason": "worker gone"})
+    got = _by_id(out)
+    assert dead <= set(got), (dead, got)
+    unconfirmed = {e for e in dead if got[e]["result"] == "unconfirmed"}
+    for e in dead:
+        assert got[e]["confirmed"] is (e not in unconfirmed), got[e]
+        if e in unconfirmed:
+            assert got[e]["status_after"] == "running", got[e]
+    listed_ui = _ui_unconfirmed(queue)
+    assert all(f"<td>{e}</td>" in listed_ui for e in unconfirmed), listed_ui
+    queue.admin(f"/v1/workflows/{CRM_WORKFLOW}/resume", {"reason": "worker gone, done"})
+    seen = sorted((got[e]["status_before"], got[e]["status_after"], got[e]["result"]) for e in dead)
+    print(
+        f"\n[n8n-e2e] queue: a workflow stop of the dead worker's executions answered {seen}"
+        f" in {out['cancellation']['elapsed_s']} s",
+        file=sys.stderr,
+    )
     print(
         f"\n[n8n-e2e] queue: worker {victim.name} killed with {len(lost)} of 8 writes in flight"
-        f" (workers {dict(load)}); {time.monotonic() - killed_at:.0f} s later n8n reports its"
+        f" (workers {dict(load)}); {left_after:.0f} s later n8n reported its"
         f" executions {sorted(Counter(left.values()).items())}",
         file=sys.stderr,
     )
+
+
+def _ui_unconfirmed(queue: QueueStack) -> str:
+    """The "Executions n8n cannot account for" table of /ui, as an admin sees it."""
+    import re
+
+    ui = requests.Session()
+    page = ui.get(queue.sidecar.base + "/ui/login", timeout=10).text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert csrf, page[:300]
+    r = ui.post(
+        queue.sidecar.base + "/ui/login",
+        data={"token": ADMIN, "csrf": csrf.group(1)},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text[:300]
+    page = ui.get(queue.sidecar.base + "/ui", timeout=10).text
+    table = page[page.index('id="unconfirmed"') :]
+    return table[: table.index("</table>")]
 
 
 def _quietly(call: Any) -> None:
