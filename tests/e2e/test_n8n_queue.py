@@ -14,6 +14,7 @@ settings. Marked ``n8n``: ``-m "not n8n"`` skips it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -655,6 +656,47 @@ def test_a_worker_killed_mid_write_leaves_reconcile_never_a_second_write(
         f" executions {sorted(Counter(left.values()).items())}",
         file=sys.stderr,
     )
+
+
+@pytest.mark.skipif(
+    not os.environ.get("LOOPSTOP_E2E_DEAD_WORKER"),
+    reason="a measurement of several minutes: LOOPSTOP_E2E_DEAD_WORKER=1 runs it",
+)
+def test_how_long_n8n_reports_a_dead_workers_executions_running(queue: QueueStack) -> None:
+    """Measure, without any stop: a worker is SIGKILLed with guarded writes in flight, and
+    n8n's status of its executions is read every 2 s until none is ``running`` (at most
+    300 s). Run it alone (``-k dead_worker``): it kills a live worker."""
+    orders = [f"D-{i}" for i in range(8)]
+    queue.records.slow_orders.update(orders)
+    for o in orders:
+        threading.Thread(
+            target=lambda o=o: _quietly(
+                lambda: requests.post(
+                    f"{queue.n8n.base}/webhook/loopstop-crm-write", json={"order_id": o}, timeout=30
+                )
+            ),
+            daemon=True,
+        ).start()
+    deadline = time.monotonic() + 30
+    while sum(1 for x in queue.records.orders if x["order_id"] in orders) < len(orders):
+        assert time.monotonic() < deadline, queue.records.orders
+        time.sleep(0.05)
+    victim = next(w for w in queue.workers if w.proc and w.proc.poll() is None)
+    going = {r["id"] for r in queue.n8n.executions(CRM_WORKFLOW) if r["status"] == "running"}
+    dead = going & set(victim.started())
+    assert dead
+    victim.kill()
+    killed_at, last, seen = time.monotonic(), None, []
+    while time.monotonic() - killed_at < 300:
+        st = [r["status"] for r in queue.n8n.executions(CRM_WORKFLOW) if r["id"] in dead]
+        if sorted(Counter(st).items()) != last:
+            last = sorted(Counter(st).items())
+            seen.append(f"{time.monotonic() - killed_at:.0f} s: {last}")
+        if "running" not in st:
+            break
+        time.sleep(2)
+    print(f"\n[n8n-e2e] queue: a dead worker's executions, after the kill: {seen}", file=sys.stderr)
+    assert "running" not in st, seen
 
 
 def _ui_unconfirmed(queue: QueueStack) -> str:
