@@ -374,10 +374,11 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QueueStack]:
             n8n.publish(wid)
         stack.callback(n8n.stop)
         n8n.start()
-        workers = [n8n.worker(name, free_port(), free_port()) for name in ("a", "b")]
-        for w in workers:
-            stack.callback(w.stop)
-            w.start()
+        workers = []
+        for name in ("a", "b"):
+            worker = _start_worker(n8n, name)
+            stack.callback(worker.stop)
+            workers.append(worker)
         key = n8n.create_api_key()  # the owner makes it once n8n runs; both instances use it
         for s in sidecars:
             s.env["E2E_N8N_API_KEY"] = key
@@ -401,6 +402,20 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QueueStack]:
             lb=lb,
             records_url=crm,
         )
+
+
+def _start_worker(n8n: QueueN8n, name: str, tries: int = 3) -> N8nWorker:
+    """Start a worker on ports picked just before; ports another process took meanwhile
+    (the machine may run other n8n processes) are picked again."""
+    for attempt in range(tries):
+        worker = n8n.worker(name, free_port(), free_port())
+        try:
+            return worker.start()
+        except RuntimeError as exc:
+            worker.stop()
+            if "already in use" not in str(exc) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _worker_of(queue: QueueStack) -> dict[str, str]:
