@@ -83,7 +83,7 @@ STORE_ROUND_TRIPS = Counter(
 )
 STORE_CONFLICTS = Counter(
     "loopstop_store_conflicts_total",
-    "Redis compare-and-sets that found a document changed since it was read "
+    "Compare-and-sets (Redis, PostgreSQL) that found a document changed since it was read "
     "(the transaction re-ran on the current documents).",
 )
 TASK_OUTLIERS = Counter(

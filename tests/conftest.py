@@ -487,5 +487,11 @@ def api(make_app: AppFactory) -> Api:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the real-n8n suite after everything else (it is the slowest to start)."""
-    items.sort(key=lambda item: item.get_closest_marker("n8n") is not None)
+    """Run the real-n8n suite after everything else (it is the slowest to start), and the
+    queue-mode n8n last of all: its stack is session-scoped, so it then runs alone."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("n8n") is not None,
+            "queue" in getattr(item, "fixturenames", ()),
+        )
+    )

@@ -298,3 +298,34 @@ def test_token_value_compared_exactly(api: Api) -> None:
         None,
     )
     assert status == 401
+
+
+def test_the_decision_log_names_the_execution_of_every_guarded_write(
+    api: Api, clock: Clock, caplog: Any
+) -> None:
+    """begin, commit, fail and reconcile lines carry the n8n execution that sent them, so an
+    operator can match a ``reconcile`` to the execution that lost its commit."""
+    import json
+    import logging
+
+    caplog.set_level(logging.INFO, logger="loopstop.decisions")
+    api.begin("order-7", {"o": 7}, workflow="wf-crm", lease_s=5, execution_id="101")
+    commit(api, "order-7", 1, {"id": "crm-7"}, workflow="wf-crm", execution_id="101")
+    api.begin("order-8", {"o": 8}, workflow="wf-crm", lease_s=5, execution_id="102")
+    fail(api, "order-8", 1, "unknown", workflow="wf-crm", execution_id="102")
+    api.begin("order-9", {"o": 9}, workflow="wf-crm", lease_s=5, execution_id="103")
+    clock.advance(6)  # the worker of execution 103 died mid-write
+    again = api.begin("order-9", {"o": 9}, workflow="wf-crm", execution_id="104")
+    assert again["decision"] == "reconcile"
+    reconcile(api, "order-9", "not_committed", token=ADMIN_TOKEN, workflow="wf-crm")
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "loopstop.decisions"]
+    seen = [(x["route"], x["operation_id"], x.get("execution_id")) for x in lines]
+    assert seen == [
+        ("operations.begin", "order-7", "101"),
+        ("operations.commit", "order-7", "101"),
+        ("operations.begin", "order-8", "102"),
+        ("operations.fail", "order-8", "102"),
+        ("operations.begin", "order-9", "103"),
+        ("operations.begin", "order-9", "104"),
+        ("operations.reconcile", "order-9", None),
+    ]

@@ -622,6 +622,66 @@ def _postgres(server: PostgresServer, query: str = "", timeout_s: float = 2.0) -
     return store
 
 
+def test_postgres_lost_compare_and_set_logs_nothing(
+    postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lost compare-and-set (a duplicate racing its twin) is an ordinary outcome: it is
+    counted, the transaction re-runs and lands, and no logger (psycopg's included) writes a
+    warning or a traceback. Each losing plan also indexes 100 members, so the server's
+    refusal comes back while the pipeline is still sending; then 16 threads bumping one
+    key log nothing either."""
+    import logging
+
+    store = _postgres(postgres_server, "?pool_size=4", timeout_s=10.0)
+    caplog.set_level(logging.DEBUG)  # the root logger: every logger propagates to it
+    conflicts = metrics.STORE_CONFLICTS._value.get()
+    for round_ in range(5):
+        key = f"k{round_}"
+        put(store, key, {"n": 1})
+        calls: list[int] = []
+
+        def fn(snap: Snapshot, key: str = key, calls: list[int] = calls) -> Plan[int]:
+            seen = snap.get(key) or {"n": 0}
+            calls.append(seen["n"])
+            if len(calls) == 1:  # its twin lands between this read and this commit
+                put(store, key, {"n": seen["n"] * 10})
+            members = [IndexEntry("ix", f"{key}:{i}", 1.0) for i in range(100)]
+            return Plan(seen["n"], {key: Write({"n": seen["n"] + 1})}, members)
+
+        assert store.transact([key], fn) == 10
+        assert calls == [1, 10] and store.get(key) == {"n": 11}
+    assert metrics.STORE_CONFLICTS._value.get() - conflicts == 5
+    _hammer_one_key(store, bumps_per_thread=10, threads=16)
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert noisy == [], [f"{r.name}: {r.getMessage()}" for r in noisy]
+    store.close()
+
+
+def test_postgres_a_pooled_connection_the_server_closed_is_replaced(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends loopstop's idle sessions (``idle_session_timeout``, a restart, a
+    proxy): the next decision gets a fresh connection instead of a 503, because a
+    connection idle past ``IDLE_CHECK_S`` is checked before it is used."""
+    import psycopg
+
+    from sidecar.store import postgres
+
+    store = _postgres(postgres_server)
+    put(store, "k", {"n": 1})
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'loopstop' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert ended is not None and ended[0] >= 1
+    monkeypatch.setattr(postgres, "IDLE_CHECK_S", 0.0)
+    assert store.get("k") == {"n": 1}
+    put(store, "k", {"n": 2})
+    assert store.get("k") == {"n": 2}
+    store.close()
+
+
 def _advisory_locks(url: str) -> list[str]:
     """The modes of the key locks (this store's lock class) held right now."""
     import psycopg

@@ -9,7 +9,7 @@ import pytest
 from fake_n8n import FakeExecution, FakeN8n, FakeN8nServer
 from test_ui import login
 
-from conftest import ADMIN_TOKEN, Api, AppFactory, Clock
+from conftest import ADMIN_TOKEN, N8N_TOKEN, Api, AppFactory, Clock
 
 KEY = "n8n-api-key-0123456789"
 
@@ -74,3 +74,42 @@ def test_runaway_and_long_running_tasks_are_marked(make_app: AppFactory, clock: 
     page = client.get("/ui").get_data(as_text=True)
     long_table = page.split('id="running-long"')[1].split("</table>")[0]
     assert runaway in long_table and normal not in long_table and "61 s" in long_table
+
+
+def test_executions_n8n_cannot_account_for_are_listed_until_a_stop_confirms_them(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """An execution n8n still reports ``running`` after ``confirm_s`` (its queue-mode worker
+    died) is ``unconfirmed`` with n8n's last status, and ``/ui`` lists it to admins; once n8n
+    reports it ended, the repeated stop finds nothing left going and the list drops it."""
+    n8n.state.add(
+        FakeExecution("77", "wf-q", status="running", on_stop="ignore"),
+        FakeExecution("78", "wf-q", status="running"),
+    )
+    app = make_app(
+        environ={"N8N_API_KEY": KEY},
+        n8n={"api_url": n8n.api_url, "timeout_s": 2, "confirm_s": 0.5},
+    )
+    api = Api(app.test_client(), token=ADMIN_TOKEN)
+    status, out = api.post("/v1/workflows/wf-q/stop", {"reason": "worker gone"})
+    assert status == 200 and out["cancellation"]["state"] == "partial", out
+    got = {e["execution_id"]: e for e in out["cancellation"]["executions"]}
+    assert (got["77"]["result"], got["77"]["status_after"]) == ("unconfirmed", "running")
+    assert got["78"]["result"] == "stopped"
+    admin = app.test_client()
+    login(admin, ADMIN_TOKEN)
+    page = admin.get("/ui").get_data(as_text=True)
+    listed = page[page.index('id="unconfirmed"') :]
+    listed = listed[: listed.index("</table>")]
+    assert '<td>77</td><td class="stopped">running</td>' in listed
+    assert "workflow wf-q" in listed and "<td>78</td>" not in listed
+    viewer = app.test_client()
+    login(viewer, N8N_TOKEN)
+    assert 'id="unconfirmed"' not in viewer.get("/ui").get_data(as_text=True)
+
+    n8n.state.executions["77"].status = "crashed"  # n8n gives up on the dead worker's run
+    status, again = api.post("/v1/workflows/wf-q/stop", {"reason": "look again"})
+    assert again["cancellation"]["state"] == "nothing_to_stop", again
+    page = admin.get("/ui").get_data(as_text=True)
+    listed = page[page.index('id="unconfirmed"') :]
+    assert "<td>77</td>" not in listed[: listed.index("</table>")]

@@ -21,6 +21,7 @@ from sidecar.api.models import (
     OperationResponse,
     OperationView,
     ReconcileBody,
+    RequestBody,
 )
 from sidecar.api.openapi import route
 from sidecar.canonical import canonical_json
@@ -59,8 +60,11 @@ def _answer(op: Operation, ns: str) -> Response:
     return jsonify(OperationResponse(operation=OperationView.of(op, ns)).model_dump(mode="json"))
 
 
-def _settled(route_name: str, op: Operation, ns: str, reason: object, mode: str) -> Response:
-    """Log a commit, fail or reconcile and answer with the record."""
+def _settled(
+    route_name: str, op: Operation, ns: str, reason: object, body: RequestBody
+) -> Response:
+    """Log a commit, fail or reconcile (with the n8n execution that sent it) and
+    answer with the record."""
     log_decision(
         route_name,
         op.state,
@@ -68,7 +72,8 @@ def _settled(route_name: str, op: Operation, ns: str, reason: object, mode: str)
         operation_id=op.operation_id,
         workflow=op.workflow,
         attempt=op.attempt,
-        execution_mode=mode,
+        execution_mode=body.execution_mode,
+        execution_id=body.execution_id,
     )
     return _answer(op, ns)
 
@@ -110,6 +115,7 @@ def begin(operation_id: str) -> Response:
         workflow=op.workflow if op else body.workflow,
         attempt=op.attempt if op else None,
         execution_mode=body.execution_mode,
+        execution_id=body.execution_id,
     )
     return jsonify(BeginResponse.of(outcome, ns).model_dump(mode="json"))
 
@@ -131,7 +137,7 @@ def commit(operation_id: str) -> Response:
     op = runtime().operations.commit(
         g.principal, ns, operation_id, body.attempt, body.receipt, body.result, body.workflow
     )
-    return _settled("operations.commit", op, ns, None, body.execution_mode)
+    return _settled("operations.commit", op, ns, None, body)
 
 
 @route(
@@ -151,7 +157,7 @@ def fail(operation_id: str) -> Response:
     op = runtime().operations.fail(
         g.principal, ns, operation_id, body.attempt, body.outcome, body.detail, body.workflow
     )
-    return _settled("operations.fail", op, ns, body.outcome, body.execution_mode)
+    return _settled("operations.fail", op, ns, body.outcome, body)
 
 
 @route(
@@ -175,7 +181,7 @@ def reconcile(operation_id: str) -> Response:
     op = runtime().operations.reconcile(
         g.principal, ns, operation_id, body.outcome, body.receipt, body.evidence, body.workflow
     )
-    return _settled("operations.reconcile", op, ns, body.outcome, body.execution_mode)
+    return _settled("operations.reconcile", op, ns, body.outcome, body)
 
 
 @route(

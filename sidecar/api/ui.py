@@ -300,6 +300,8 @@ def index() -> Response:
         max_open=rt.settings.operations.max_open_per_workflow,
         running_long=rt.overview.running_long(principal, NS, now, LISTED),
         running_s=int(rt.settings.outliers.running_s),
+        # Stops are an admin's: the executions they could not confirm are listed to admins.
+        unconfirmed=rt.stops.unconfirmed(NS, LISTED) if principal.admin else [],
         message=message(request.args),
     )
     return Response(html, mimetype="text/html")

@@ -32,6 +32,8 @@ pattern                         what
 ``<ns>:taskwatch:<task_id>``    n8n executions of a task, its outlier mark (JSON)
 ``<ns>:totals:<wf>:<measure>``  sums over a workflow's finished tasks (counter)
 ``<ns>:cancel:<kind>:<id>``     what the last stop asked n8n and saw (JSON)
+``<ns>:ix:unconfirmed``         index: stops whose last cancellation left executions
+                                unconfirmed, score = its time; member ``<kind>:<id>``
 ==============================  ==============================================
 
 ``h(...)`` is a keyed hash (:meth:`Fingerprinter.key_hash`): identities
@@ -151,3 +153,8 @@ def task_totals(ns: str, workflow: str | None, measure: str) -> str:
 def cancellation(ns: str, kind: str, ident: str) -> str:
     """What the last stop of a ``workflow``, ``chain`` or ``task`` asked n8n and saw."""
     return f"{ns}:cancel:{kind}:{ident}"
+
+
+def unconfirmed_cancellations(ns: str) -> str:
+    """Index of the stops whose last cancellation left executions ``unconfirmed``."""
+    return f"{ns}:ix:unconfirmed"

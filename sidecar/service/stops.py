@@ -24,7 +24,12 @@ from sidecar import metrics
 from sidecar.auth import Principal
 from sidecar.config import N8nConfig
 from sidecar.core import executions as core
-from sidecar.core.executions import CancellationState, ExecutionMode, ExecutionResult
+from sidecar.core.executions import (
+    CancellationState,
+    Confirmation,
+    ExecutionMode,
+    ExecutionResult,
+)
 from sidecar.core.stops import Stop
 from sidecar.core.tasks import Task
 from sidecar.n8n import Execution, N8nClient, N8nError
@@ -45,6 +50,10 @@ READY_TIMEOUT_S = 2.0
 #: How long the one ``/readyz`` that starts a new ask waits for it before answering
 #: the last known state (the others never wait).
 READY_WAIT_S = 0.25
+#: How long /ui lists a stop that left executions unconfirmed (its record may live less).
+UNCONFIRMED_KEPT_S = 7 * 86400.0
+#: Index entries read to find the newest of them (they leave it once confirmed).
+UNCONFIRMED_READ = 500
 
 
 @dataclass(frozen=True)
@@ -417,13 +426,36 @@ class StopService:
         for r in result.executions:
             metrics.N8N_EXECUTIONS.labels(str(r.result)).inc()
 
-        records.run(
-            self.store,
-            [key],
-            lambda txn: txn.put(key, result.to_doc(), max(1.0, ttl_s)),
-            self.clock(),
-        )
+        unconfirmed = any(r.result is Confirmation.UNCONFIRMED for r in result.executions)
+
+        def keep(txn: records.Txn) -> None:
+            txn.put(key, result.to_doc(), max(1.0, ttl_s))
+            index = keys.unconfirmed_cancellations(ns)
+            txn.index(index, f"{kind}:{ident}", result.at if unconfirmed else None)
+            txn.trim(index, txn.now - UNCONFIRMED_KEPT_S)
+
+        records.run(self.store, [key], keep, self.clock())
 
     def recorded(self, ns: str, kind: str, ident: str) -> dict[str, Any] | None:
         """The last recorded cancellation of a stop, if any."""
         return Cancellation.from_doc(self.store.get(keys.cancellation(ns, kind, ident)))
+
+    def unconfirmed(self, ns: str, limit: int) -> list[dict[str, Any]]:
+        """The latest stops whose last cancellation left executions ``unconfirmed``
+        (n8n still reported them going after ``confirm_s``: a worker may be gone),
+        newest first: ``{kind, id, at, executions}``, the executions being those
+        unconfirmed, each with n8n's last status."""
+        members = self.store.index_page(keys.unconfirmed_cancellations(ns), limit=UNCONFIRMED_READ)
+        wanted = [m.split(":", 1) for m, _ in reversed(members)][:limit]
+        docs = self.store.get_many([keys.cancellation(ns, k, i) for k, i in wanted])
+        found = []
+        for kind, ident in wanted:
+            doc = docs.get(keys.cancellation(ns, kind, ident)) or {}
+            left = [
+                e
+                for e in doc.get("executions", [])
+                if e.get("result") == str(Confirmation.UNCONFIRMED)
+            ]
+            if left:
+                found.append({"kind": kind, "id": ident, "at": doc.get("at"), "executions": left})
+        return found

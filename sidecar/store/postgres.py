@@ -193,6 +193,11 @@ _RETRYABLE = (pgerrors.SerializationFailure, pgerrors.DeadlockDetected, pgerrors
 #: Expired rows deleted per sweep.
 SWEEP_BATCH = 1000
 
+#: A pooled connection unused this long (s) is checked with one round trip before
+#: a decision uses it: the server or a proxy may have closed it meanwhile
+#: (``idle_session_timeout``, a restart), and a decision on it would be a 503.
+IDLE_CHECK_S = 30.0
+
 #: URL query parameters this store reads (the rest goes to libpq).
 PARAMS = {"isolation", "pool_size", "sweep_interval_s"}
 
@@ -210,6 +215,8 @@ class _DeadlineConnection(psycopg.Connection[tuple[Any, ...]]):
     """
 
     deadline: float | None = None
+    #: When the connection last went back to the pool (None: never used yet).
+    used_at: float | None = None
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         if self.deadline is not None:
@@ -220,6 +227,18 @@ class _DeadlineConnection(psycopg.Connection[tuple[Any, ...]]):
         except pgerrors._WaitTimeout:
             self.pgconn.finish()
             raise psycopg.OperationalError("no answer from the server by the deadline") from None
+
+
+def _check_idle(conn: _DeadlineConnection) -> None:
+    """The pool's check: a connection idle past :data:`IDLE_CHECK_S` must answer
+    within a second, else the pool drops it and hands out another."""
+    if conn.used_at is None or time.monotonic() - conn.used_at < IDLE_CHECK_S:
+        return
+    conn.deadline = time.monotonic() + 1.0
+    try:
+        conn.execute("SELECT 1")
+    finally:
+        conn.deadline = None
 
 
 class _Pool(psycopg_pool.ConnectionPool[_DeadlineConnection]):
@@ -302,6 +321,7 @@ class PostgresStore(Store):
                         "prepare_threshold": None,
                     },
                     open=False,
+                    check=_check_idle,
                     timeout=self.timeout_s,
                     num_workers=1,
                     name="loopstop",
@@ -337,6 +357,7 @@ class PostgresStore(Store):
                 except psycopg.Error:
                     conn.close()
                 conn.deadline = None
+            conn.used_at = time.monotonic()
             pool.putconn(conn)
 
     def _where(self) -> str:
@@ -452,25 +473,36 @@ class PostgresStore(Store):
         # two such writers could both pass the check and one overwrite the other).
         exclusive = sorted({_lock_id(k) for k in plan.writes} - held_exclusive)
         shared = sorted({_lock_id(k) for k in compared} - set(exclusive) - held)
+        # The server's refusal may come back while the pipeline is still sending: it is
+        # caught inside the block, so the pipeline ends quietly (psycopg logs a warning
+        # for an error that leaves the block), and raised once the pipeline is closed.
+        failure: psycopg.Error | None = None
         try:
             with conn.pipeline():
-                if not self.serializable:
-                    if not hot:
-                        conn.execute("BEGIN")
-                    if exclusive or shared:
-                        conn.execute(_LOCKS, {"c": LOCK_CLASS, "x": exclusive, "s": shared})
-                    conn.execute(_CHECK, (compared, [raw[k] for k in compared], now, self.identity))
-                self._apply(conn, plan, now)
-                conn.execute("COMMIT")
-        except psycopg.Error as exc:
-            if exc.sqlstate == "LS409":
-                raise _Conflict(set(plan.writes), set(compared)) from exc
-            if isinstance(exc, pgerrors.InvalidParameterValue):
-                raise RuntimeError(f"increment: {exc.diag.message_primary}") from exc
-            raise
+                try:
+                    if not self.serializable:
+                        if not hot:
+                            conn.execute("BEGIN")
+                        if exclusive or shared:
+                            conn.execute(_LOCKS, {"c": LOCK_CLASS, "x": exclusive, "s": shared})
+                        conn.execute(
+                            _CHECK, (compared, [raw[k] for k in compared], now, self.identity)
+                        )
+                    self._apply(conn, plan, now)
+                    conn.execute("COMMIT")
+                except psycopg.Error as exc:
+                    failure = exc
+        except psycopg.Error as exc:  # at the pipeline's end: the refusal, or "aborted" after it
+            failure = failure or exc
         finally:
             metrics.STORE_ROUND_TRIPS.inc()  # a pipeline that lost was a round trip too
-        return plan
+        if failure is None:
+            return plan
+        if failure.sqlstate == "LS409":
+            raise _Conflict(set(plan.writes), set(compared)) from failure
+        if isinstance(failure, pgerrors.InvalidParameterValue):
+            raise RuntimeError(f"increment: {failure.diag.message_primary}") from failure
+        raise failure
 
     @staticmethod
     def _keep(
