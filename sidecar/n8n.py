@@ -9,13 +9,21 @@ request                                key scope               answer
 =====================================  ======================  =================
 ``GET /executions?workflowId&status``  ``execution:list``      ``{data, nextCursor}``
 ``GET /executions/{id}``               ``execution:read``      the execution
+``GET /executions/{id}?includeData``   ``execution:read``      with its ``data``
 ``POST /executions/{id}/stop``         ``execution:stop``      ``{status, ...}``
 =====================================  ======================  =================
 
 An execution carries ``id``, ``workflowId``, ``mode`` (``manual`` from the
 editor; ``trigger``, ``webhook``, ... otherwise), ``status`` (``new``,
 ``running``, ``waiting``, ``success``, ``error``, ``crashed``, ``canceled``,
-``unknown``) and ``finished``. A listing is paginated by an opaque
+``unknown``) and ``finished``. Read with ``includeData=true`` it carries its
+``data`` (n8n-workflow ``IRunExecutionData``), whose ``parentExecution``
+(``RelatedExecution {executionId, workflowId}``) names the execution that
+started a sub-workflow's; loopstop asks for it with
+``redactExecutionData=true`` (n8n then clears every item's data, which
+loopstop never reads: no scope beyond ``execution:read`` is needed for that)
+and keeps only that parent. Past ``EXECUTIONS_DATA_MAX_DISPLAY_SIZE`` n8n
+answers empty data with ``dataTooLargeToDisplay: true``. A listing is paginated by an opaque
 ``cursor``. A stop answers 404 for an execution n8n does not know and 409
 when it cannot be stopped (it ended meanwhile).
 
@@ -65,23 +73,38 @@ class N8nError(Exception):
 
 @dataclass(frozen=True)
 class Execution:
-    """What loopstop reads of an n8n execution."""
+    """What loopstop reads of an n8n execution.
+
+    :ivar data_read: it was read with its data (``includeData``).
+    :ivar parent_id: n8n's ``data.parentExecution.executionId`` (None: none).
+    :ivar data_withheld: n8n answered without data (``dataTooLargeToDisplay``).
+    """
 
     execution_id: str
     workflow_id: str | None
     mode: str | None
     status: str | None
+    data_read: bool = False
+    parent_id: str | None = None
+    data_withheld: bool = False
 
     @classmethod
-    def of(cls, doc: Any) -> Execution:
+    def of(cls, doc: Any, data_read: bool = False) -> Execution:
         if not isinstance(doc, dict) or doc.get("id") is None:
             raise N8nError("bad_response", "an execution without an id")
         status = doc.get("status")
+        data = doc.get("data")
+        parent = data.get("parentExecution") if isinstance(data, dict) else None
+        parent_id = parent.get("executionId") if isinstance(parent, dict) else None
         return cls(
             execution_id=str(doc["id"]),
             workflow_id=None if doc.get("workflowId") is None else str(doc["workflowId"]),
             mode=doc.get("mode") if isinstance(doc.get("mode"), str) else None,
             status=status if isinstance(status, str) else None,
+            data_read=data_read,
+            parent_id=str(parent_id) if isinstance(parent_id, (str, int)) else None,
+            data_withheld=data_read
+            and (doc.get("dataTooLargeToDisplay") is True or not isinstance(data, dict)),
         )
 
 
@@ -206,19 +229,23 @@ class N8nClient:
             params = {**params, "cursor": cursor}
         return out
 
-    def get(self, execution_id: str, deadline: float | None = None) -> Execution | None:
-        """The execution, or None when n8n does not know it (404).
+    def get(
+        self, execution_id: str, deadline: float | None = None, with_data: bool = False
+    ) -> Execution | None:
+        """The execution, or None when n8n does not know it (404); ``with_data``
+        reads its data too, for the parent execution n8n names in it.
 
         :raises N8nError: unreachable, key refused, or a bad answer.
         """
+        params = {"includeData": "true", "redactExecutionData": "true"} if with_data else None
         code, body = self._call(
-            "GET", f"/executions/{quote(execution_id, safe='')}", deadline=deadline
+            "GET", f"/executions/{quote(execution_id, safe='')}", params, deadline
         )
         if code == 404:
             return None
         if code != 200:
             raise N8nError("bad_response", f"n8n answered {code} reading execution {execution_id}")
-        return Execution.of(body)
+        return Execution.of(body, data_read=with_data)
 
     def stop(self, execution_id: str, deadline: float | None = None) -> tuple[int, str | None]:
         """Ask n8n to stop one execution.

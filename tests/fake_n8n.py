@@ -8,6 +8,14 @@ unknown, 409 not stoppable), behind ``X-N8N-API-KEY`` (401 otherwise), as
 set per test: ``cancel`` (n8n cancels it, reported after ``polls`` reads),
 ``ignore`` (it keeps running: nothing can confirm it), ``finish`` (it ended
 by itself just before the stop arrived: 409, status ``success``).
+A sub-execution names the execution that started it (``parent``), as n8n does:
+read with ``includeData=true`` it carries ``data.parentExecution``
+(``{executionId, workflowId, shouldResume}``, n8n-workflow
+``RelatedExecution``) and n8n's mode ``integrated``; ``too_large`` answers
+as n8n does past ``EXECUTIONS_DATA_MAX_DISPLAY_SIZE`` (empty data,
+``dataTooLargeToDisplay: true``); ``data_pad`` pads the data with that many
+bytes (an answer too large to read). Without ``includeData`` there is no
+``data``.
 ``trickle_s`` makes every answer's body arrive one byte at a time, that many
 seconds apart (the headers come at once): a slow n8n that each socket read
 timeout alone cannot bound.
@@ -36,9 +44,12 @@ class FakeExecution:
     on_stop: str = "cancel"  # cancel | ignore | finish
     polls: int = 0  # reads after the stop before "canceled" shows
     stop_asked: bool = False
+    parent: FakeExecution | None = None  # the execution that started it (a sub-execution)
+    too_large: bool = False
+    data_pad: int = 0
 
-    def doc(self) -> dict[str, Any]:
-        return {
+    def doc(self, include_data: bool = False) -> dict[str, Any]:
+        doc = {
             "id": self.id,
             "workflowId": self.workflow_id,
             "mode": self.mode,
@@ -49,6 +60,31 @@ class FakeExecution:
             "stoppedAt": None,
             "waitTill": None,
         }
+        if include_data:
+            doc.update(self.data())
+        return doc
+
+    def data(self) -> dict[str, Any]:
+        """``data`` as n8n 2.41.1 answers it with ``includeData=true``."""
+        if self.too_large:  # n8n-workflow createEmptyRunExecutionData()
+            empty = {"version": 1, "startData": {}, "resultData": {"runData": {}}}
+            return {"data": empty, "dataTooLargeToDisplay": True}
+        data: dict[str, Any] = {
+            "version": 1,
+            "startData": {},
+            "resultData": {"runData": {}, "lastNodeExecuted": "Start"},
+            "executionData": {"nodeExecutionStack": [], "waitingExecution": {}},
+        }
+        if self.parent is not None:
+            data["parentExecution"] = {
+                "executionId": self.parent.id,
+                "workflowId": self.parent.workflow_id,
+                "shouldResume": True,
+                "executionContext": {"version": 1, "establishedAt": 0, "source": "webhook"},
+            }
+        if self.data_pad:
+            data["resultData"]["pad"] = "x" * self.data_pad
+        return {"data": data, "dataTooLargeToDisplay": False}
 
 
 @dataclass
@@ -61,6 +97,7 @@ class FakeN8n:
     trickle_s: float = 0.0  # every body comes one byte per this many seconds
     executions: dict[str, FakeExecution] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    data_reads: list[str] = field(default_factory=list)  # ids read with includeData=true
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, *items: FakeExecution) -> None:
@@ -135,11 +172,14 @@ def _handler(state: FakeN8n) -> type[BaseHTTPRequestHandler]:
                 if ex is None:
                     self._send(404, {"message": "Not Found"})
                     return
+                with_data = parse_qs(url.query).get("includeData") == ["true"]
+                if with_data:
+                    state.data_reads.append(ex.id)
                 if ex.stop_asked and ex.on_stop == "cancel" and ex.status in STOPPABLE:
                     if ex.polls <= 0:
                         ex.status = "canceled"
                     ex.polls -= 1
-                self._send(200, ex.doc())
+                self._send(200, ex.doc(with_data))
 
         def do_POST(self) -> None:
             url = urlsplit(self.path)

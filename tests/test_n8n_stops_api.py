@@ -677,3 +677,122 @@ def test_a_chain_stop_whose_execution_n8n_still_reports_running_is_unconfirmed(
     }
     assert out["cancellation"]["state"] == "partial"
     assert n8n.state.stops() == ["51"]
+
+
+def remembered_task(api: Api, workflow: str, *execution_ids: str) -> str:
+    """A task of ``workflow`` whose requests carried ``execution_ids``, in order."""
+    first, *rest = execution_ids
+    status, task = api.post("/v1/tasks", {"workflow": workflow, "execution_id": first})
+    assert status == 201, task
+    tid = str(task["task"]["task_id"])
+    for other in rest:
+        status, out = api.post(f"/v1/tasks/{tid}/model-calls", {"execution_id": other})
+        assert status == 200, out
+    listed = api.get(f"/v1/tasks/{tid}")[1]["executions"]
+    assert [e["execution_id"] for e in listed] == list(execution_ids)
+    return tid
+
+
+def test_a_task_stop_reaches_the_sub_executions_its_own_execution_started(
+    store_url: str, clock: Clock, n8n: FakeN8nServer
+) -> None:
+    """A child workflow's execution (its own workflowId, n8n mode ``integrated``) that
+    acted for the task is stopped when n8n's ``parentExecution`` names the task's own
+    execution, a grandchild through its parent; the token holds only the task's
+    workflow. n8n's data is read only for the executions of other workflows."""
+    parent = FakeExecution("6", "wf-a", status="running")
+    child = FakeExecution("7", "wf-child", mode="integrated", status="running", parent=parent)
+    grandchild = FakeExecution("8", "wf-leaf", mode="integrated", parent=child)
+    n8n.state.add(parent, child, grandchild)
+    api = Api(scoped_app(store_url, clock, n8n).test_client(), SCOPED_TOKEN)
+    tid = remembered_task(api, "wf-a", "6", "7", "8")
+    status, out = api.post(f"/v1/tasks/{tid}/stop", {"reason": "loop"})
+    assert status == 200, out
+    got = by_id(out)
+    assert {k: (v["result"], v["confirmed"]) for k, v in got.items()} == {
+        "6": ("stopped", True),
+        "7": ("stopped", True),
+        "8": ("stopped", True),
+    }
+    assert got["7"]["status_before"] == "running" and got["8"]["status_before"] == "waiting"
+    assert out["cancellation"]["state"] == "confirmed"
+    assert n8n.state.stops() == ["6", "7", "8"]
+    assert n8n.state.data_reads == ["7", "8"]  # each parent is read once, without data
+
+
+def test_a_task_stop_refuses_another_workflows_execution_that_names_no_parent(
+    store_url: str, clock: Clock, n8n: FakeN8nServer
+) -> None:
+    """B's top-level execution named on A's task: n8n says nothing started it, so it is
+    refused, never stopped, whatever else the task's stop confirms."""
+    n8n.state.add(FakeExecution("6", "wf-a"), FakeExecution("7", "wf-b", status="running"))
+    api = Api(scoped_app(store_url, clock, n8n).test_client(), SCOPED_TOKEN)
+    tid = remembered_task(api, "wf-a", "6", "7")
+    out = api.post(f"/v1/tasks/{tid}/stop", {"reason": "loop"})[1]
+    got = by_id(out)
+    assert got["6"]["result"] == "stopped"
+    assert got["7"]["result"] == "refused" and got["7"]["status_before"] is None
+    assert "another workflow than 'wf-a'" in got["7"]["error"]
+    assert "no execution started this execution" in got["7"]["error"]
+    assert n8n.state.stops() == ["6"]
+    assert n8n.state.executions["7"].status == "running"
+
+
+def test_a_task_stop_refuses_a_sub_execution_of_another_workflows_run(
+    store_url: str, clock: Clock, n8n: FakeN8nServer
+) -> None:
+    """B's executions started by B's own run, named on A's task: n8n's parents never
+    reach an execution of A (B's child of B, and B's sub-workflow's child of B), so
+    neither they nor B's run are stopped."""
+    b_run = FakeExecution("9", "wf-b", status="running")
+    b_child = FakeExecution("10", "wf-b", mode="integrated", status="running", parent=b_run)
+    c_child = FakeExecution("11", "wf-c", mode="integrated", status="running", parent=b_run)
+    n8n.state.add(FakeExecution("6", "wf-a"), b_run, b_child, c_child)
+    api = Api(scoped_app(store_url, clock, n8n).test_client(), SCOPED_TOKEN)
+    tid = remembered_task(api, "wf-a", "6", "10", "11")
+    out = api.post(f"/v1/tasks/{tid}/stop", {"reason": "loop"})[1]
+    got = by_id(out)
+    assert {k: v["result"] for k, v in got.items()} == {
+        "6": "stopped",
+        "10": "refused",
+        "11": "refused",
+    }
+    for eid in ("10", "11"):
+        assert "no execution started its parent execution 9" in got[eid]["error"], got[eid]
+    assert n8n.state.stops() == ["6"]
+    assert {n8n.state.executions[k].status for k in ("9", "10", "11")} == {"running"}
+
+
+def test_a_chain_stop_reaches_a_sub_execution_and_refuses_what_n8n_cannot_show(
+    make_app: AppFactory, n8n: FakeN8nServer
+) -> None:
+    """A chain stop follows the same parents. A child whose data n8n withholds (past its
+    display size) or whose answer is too large to read cannot be shown to be the chain's:
+    it is refused, and the rest of the stop goes on (``partial``, not ``failed``)."""
+    parent = FakeExecution("21", "wf-a")
+    n8n.state.add(
+        parent,
+        FakeExecution("22", "wf-child", mode="integrated", parent=parent),
+        FakeExecution("23", "wf-child", mode="integrated", parent=parent, too_large=True),
+        FakeExecution("24", "wf-child", mode="integrated", parent=parent, data_pad=9 << 20),
+    )
+    api = admin(build(make_app, n8n.api_url))
+    chain = activation(api, "wf-a", "row:1", "21")["chain_id"]
+    for i, eid in enumerate(("22", "23", "24")):
+        status, eff = api.post(
+            "/v1/effects",
+            {"chain_id": chain, "target_key": f"t{i}", "content": {"a": i}, "execution_id": eid},
+        )
+        assert status == 200, eff
+    out = api.post(f"/v1/chains/{chain}/stop", {"reason": "loop"})[1]
+    got = by_id(out)
+    assert {k: v["result"] for k, v in got.items()} == {
+        "21": "stopped",
+        "22": "stopped",
+        "23": "refused",
+        "24": "refused",
+    }
+    assert "withheld the data of this execution" in got["23"]["error"]
+    assert "withheld the data of this execution" in got["24"]["error"]
+    assert out["cancellation"]["state"] == "partial" and out["cancellation"]["error"] is None
+    assert n8n.state.stops() == ["21", "22"]

@@ -16,7 +16,7 @@ status (n8n-workflow ``isTerminalExecutionStatus``: ``canceled``, ``crashed``,
 not seen is ``unconfirmed``: nothing here ever reports it stopped.
 
 A chain or task stop asks n8n only for the executions that are its own
-(:func:`refusal`): each remembered id is read from n8n first, and n8n's
+(:func:`reach`): each remembered id is read from n8n first, and n8n's
 ``workflowId`` must be the workflow the id was remembered for (the record's
 ``workflow``, which the Loop Stop node sends as ``$workflow.id``) and n8n's
 mode the stop's mode. A request can name any id (n8n's are sequential), so an
@@ -24,6 +24,20 @@ id of another workflow's execution, or one outside the stopping token's
 workflows, is ``refused`` and never stopped. A record whose workflow is a
 name rather than n8n's id matches no execution: its stops are refused too
 (safe: loopstop never guesses which n8n workflow a name means).
+
+A sub-workflow's execution is the child workflow's (n8n's ``workflowId``),
+run in mode ``integrated``. It is stopped when n8n itself says the record's
+workflow started it: n8n writes ``parentExecution: {executionId,
+workflowId}`` (n8n-workflow ``RelatedExecution``) into a sub-execution's
+data when an Execute Workflow node or a Call n8n Workflow Tool starts it,
+and the public API returns it with ``includeData=true``. Following those
+parents, at most :data:`MAX_PARENT_HOPS` of them, must reach an execution
+whose ``workflowId`` is the record's workflow, in the stop's mode (the
+child's own ``integrated`` mode is not compared: it runs as part of that
+execution). The token must hold the record's workflow, not the child's: a
+child that an execution of A started is A's doing, and an execution of B
+that no execution of A started (a top-level run, a sub-execution of B's own
+run) is never reached through A's record.
 """
 
 from __future__ import annotations
@@ -126,7 +140,7 @@ def targets(
 
 
 def refusal_before_asking(target: Target) -> str | None:
-    """What :func:`refusal` can tell before n8n is read: a malformed id, or a
+    """What :func:`reach` can tell before n8n is read: a malformed id, or a
     workflow outside the token's scope (n8n is then never asked about it)."""
     if not valid_execution_id(target.execution_id):
         return "refused: not an n8n execution id"
@@ -137,25 +151,97 @@ def refusal_before_asking(target: Target) -> str | None:
     return None
 
 
-def refusal(
-    target: Target, mode: ExecutionMode, n8n_workflow_id: str | None, n8n_mode: str | None
-) -> str | None:
-    """Why a chain or task stop must not stop this execution, read from n8n
-    (None: it may): :func:`refusal_before_asking`, else n8n runs it for another
-    workflow than the one it was remembered for, or in another mode than the
-    stop's (DESIGN §6: such an id is never stopped, and listed as refused).
+#: How many parents a stop follows from a remembered execution of another workflow
+#: towards an execution of the record's own (a child, a grandchild, a great-grandchild).
+MAX_PARENT_HOPS = 3
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What n8n reported of one execution (``GET /executions/{id}``).
+
+    :ivar found: n8n knows it (False: it answered 404).
+    :ivar parent_read: its data was read (``includeData=true``), so
+        ``parent_id`` is what n8n says started it (None: nothing did).
+    :ivar parent_id: n8n's ``data.parentExecution.executionId``.
+    :ivar data_withheld: n8n gave no data to read (``dataTooLargeToDisplay``,
+        or an answer too large or unreadable): who started it is unknown.
+    """
+
+    execution_id: str
+    workflow_id: str | None
+    mode: str | None
+    found: bool = True
+    parent_read: bool = False
+    parent_id: str | None = None
+    data_withheld: bool = False
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What :func:`reach` decided about one remembered execution.
+
+    :ivar ask: the execution n8n must be asked about next (None: decided).
+    :ivar with_parent: read ``ask`` with its data, for its parent.
+    :ivar refused: why it must not be stopped (None with no ``ask``: it may).
+    """
+
+    ask: str | None = None
+    with_parent: bool = False
+    refused: str | None = None
+
+
+def reach(target: Target, mode: ExecutionMode, seen: Mapping[str, Reported]) -> Lineage:
+    """Whether a chain or task stop may stop ``target`` (DESIGN §6), from what n8n
+    reported so far (``seen``, by execution id), or what n8n must tell next.
+
+    Stopped: an execution n8n runs for the target's workflow in the stop's mode,
+    or one whose n8n parents (``parentExecution``, at most
+    :data:`MAX_PARENT_HOPS`) reach such an execution. Refused: everything else
+    (another workflow's execution that no execution of the target's workflow
+    started, a parent n8n does not know, data n8n withheld, a cycle).
     """
     before = refusal_before_asking(target)
     if before is not None:
-        return before
-    if n8n_workflow_id != target.workflow:
-        return (
-            f"refused: n8n runs this execution for another workflow than {target.workflow!r} "
-            "(a stop reaches only executions whose n8n workflowId is the record's workflow)"
-        )
-    if mode_of_n8n(n8n_mode) != mode:
-        return f"refused: n8n runs this execution in another mode than {mode}"
-    return None
+        return Lineage(refused=before)
+    workflow = target.workflow
+    current = target.execution_id
+    path: list[str] = []
+    for hop in range(MAX_PARENT_HOPS + 1):
+        r = seen.get(current)
+        if r is None:
+            return Lineage(ask=current)
+        which = "this execution" if hop == 0 else f"its parent execution {current}"
+        if not r.found:
+            if hop == 0:
+                return Lineage(refused="refused: n8n does not know this execution")
+            return Lineage(refused=_foreign(workflow, f"n8n does not know {which}"))
+        if r.workflow_id == workflow:
+            if mode_of_n8n(r.mode) != mode:
+                return Lineage(refused=f"refused: n8n runs {which} in another mode than {mode}")
+            return Lineage()
+        path.append(current)
+        if hop == MAX_PARENT_HOPS:
+            break
+        if not r.parent_read:
+            return Lineage(ask=current, with_parent=True)
+        if r.data_withheld:
+            return Lineage(refused=_foreign(workflow, f"n8n withheld the data of {which}"))
+        if r.parent_id is None:
+            return Lineage(refused=_foreign(workflow, f"no execution started {which}"))
+        if not valid_execution_id(r.parent_id) or r.parent_id in path:
+            return Lineage(refused=_foreign(workflow, f"n8n names a bad parent of {which}"))
+        current = r.parent_id
+    return Lineage(
+        refused=_foreign(workflow, f"none within {MAX_PARENT_HOPS} parents is one of its")
+    )
+
+
+def _foreign(workflow: str | None, why: str) -> str:
+    return (
+        f"refused: n8n runs this execution for another workflow than {workflow!r} and {why} "
+        "(a stop reaches the record's workflow's executions and the sub-executions they started)"
+    )
 
 
 class Confirmation(StrEnum):
@@ -208,7 +294,7 @@ def judge(
 
     Only a finished status reported by n8n confirms; a missing execution is
     ``not_found`` (not confirmed: loopstop did not see it end); a refused one
-    (:func:`refusal`, its reason in ``refused``) is ``refused``, shown without
+    (:func:`reach`, its reason in ``refused``) is ``refused``, shown without
     the statuses of an execution that is not the stop's own.
     """
     if refused is not None:

@@ -100,6 +100,24 @@ class _Tracked:
     refused: str | None = None
 
 
+def _note(seen: dict[str, core.Reported], ex: Execution) -> None:
+    """Keep what n8n just said of ``ex`` (a parent read earlier stays known)."""
+    known = seen.get(ex.execution_id)
+    report = core.Reported(ex.execution_id, ex.workflow_id, ex.mode)
+    if ex.data_read:
+        report = replace(
+            report, parent_read=True, parent_id=ex.parent_id, data_withheld=ex.data_withheld
+        )
+    elif known is not None and known.parent_read:
+        report = replace(
+            report,
+            parent_read=True,
+            parent_id=known.parent_id,
+            data_withheld=known.data_withheld,
+        )
+    seen[ex.execution_id] = report
+
+
 class StopService:
     """Operator stops that reach n8n: commit the loopstop stop, then cancel the
     n8n executions it covers and record what was confirmed.
@@ -218,8 +236,9 @@ class StopService:
 
     def for_executions(self, mode: ExecutionMode, targets: Sequence[core.Target]) -> Cancellation:
         """Stop the given executions (those remembered on a chain or a task), each
-        only when n8n reports it of its target's workflow and of ``mode``
-        (:func:`~sidecar.core.executions.refusal`); the others are ``refused``."""
+        only when n8n reports it of its target's workflow and of ``mode``, or a
+        sub-execution such an execution started
+        (:func:`~sidecar.core.executions.reach`); the others are ``refused``."""
         now = self.clock()
         unique = list({t.execution_id: t for t in targets}.values())
         if self.client is None:
@@ -249,6 +268,7 @@ class StopService:
         assert self.client is not None and self.config is not None
         client = self.client
         failure: str | None = None
+        seen: dict[str, core.Reported] = {}  # what n8n said of each execution, this stop
         # Asking is bounded too (a slow n8n times many executions): past confirm_s plus
         # one request's timeout, the rest are left unconfirmed, never claimed stopped;
         # every request ends by then whatever n8n does (a trickled answer included).
@@ -259,7 +279,7 @@ class StopService:
                     t.error, t.done = "not asked: n8n.confirm_s passed", True
                     continue
                 try:
-                    self._ask(client, mode, t, known, ask_until)
+                    self._ask(client, mode, t, known, ask_until, seen)
                 except N8nError as exc:
                     if not self._out_of_time(exc, ask_until):
                         raise
@@ -289,10 +309,17 @@ class StopService:
         return exc.reason == "timeout" and self.monotonic() >= until - 0.05
 
     def _ask(
-        self, client: N8nClient, mode: ExecutionMode, t: _Tracked, known: bool, until: float
+        self,
+        client: N8nClient,
+        mode: ExecutionMode,
+        t: _Tracked,
+        known: bool,
+        until: float,
+        seen: dict[str, core.Reported],
     ) -> None:
-        """Read one execution (when only its id is known), then ask n8n to stop it
-        unless it is refused or already over; ``t`` records what n8n said."""
+        """Read one execution (when only its id is known) and whatever n8n must
+        tell of its parents, then ask n8n to stop it unless it is refused or
+        already over; ``t`` records what n8n said."""
         if not known:
             assert t.target is not None
             t.refused = core.refusal_before_asking(t.target)
@@ -303,7 +330,8 @@ class StopService:
             if ex is None:
                 t.found, t.done = False, True
                 return
-            t.refused = core.refusal(t.target, mode, ex.workflow_id, ex.mode)
+            _note(seen, ex)
+            t.refused = self._lineage(client, mode, t.target, until, seen)
             if t.refused is not None:  # another workflow's: never stopped
                 t.done = True
                 return
@@ -316,6 +344,35 @@ class StopService:
             t.found, t.done = False, True
         elif answered in core.FINISHED:
             t.after, t.done = answered, True
+
+    def _lineage(
+        self,
+        client: N8nClient,
+        mode: ExecutionMode,
+        target: core.Target,
+        until: float,
+        seen: dict[str, core.Reported],
+    ) -> str | None:
+        """Why ``target`` must not be stopped (None: it may), reading from n8n
+        what :func:`~sidecar.core.executions.reach` asks for (its parents, each
+        by ``until``). An answer with data that cannot be read (too large, not
+        JSON) refuses that execution only; the stop goes on."""
+        while True:
+            step = core.reach(target, mode, seen)
+            if step.ask is None:
+                return step.refused
+            try:
+                ex = client.get(step.ask, until, with_data=step.with_parent)
+            except N8nError as exc:
+                if exc.reason != "bad_response" or not step.with_parent:
+                    raise
+                known = seen[step.ask]
+                seen[step.ask] = replace(known, parent_read=True, data_withheld=True)
+                continue
+            if ex is None:
+                seen[step.ask] = core.Reported(step.ask, None, None, found=False)
+            else:
+                _note(seen, ex)
 
     def _confirm(
         self, client: N8nClient, pending: list[_Tracked], started: float, until: float
