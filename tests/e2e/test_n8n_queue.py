@@ -543,7 +543,7 @@ def test_a_task_stop_cancels_an_agent_running_on_a_worker(queue: QueueStack) -> 
     assert _worker_of(queue).get(execution) in ("a", "b")
     r = requests.post(
         queue.balancer_url + "/v1/tasks",
-        json={"task_key": f"stop-agent-{run}"},
+        json={"task_key": f"stop-agent-{run}", "workflow": AGENT_WORKFLOW},
         headers={"Authorization": f"Bearer {TOKEN}"},
         timeout=10,
     )

@@ -83,13 +83,15 @@ def _recorder_handler(rec: Recorder) -> type[JsonHandler]:
 
 def _agent_workflow(recorder: str, sidecar: str) -> dict[str, Any]:
     """The shipped gate-only agent, answering its webhook at once, telling the gate its
-    execution id, and posting to the recorder after the agent."""
+    workflow and execution id (a task stop reaches only executions of the task's
+    workflow), and posting to the recorder after the agent."""
     example = json.loads(_rewrite(EXAMPLE.read_text(), sidecar, recorder))
     wf = _variant(
         example,
         AGENT_WORKFLOW,
         "loopstop-stop-agent",
         "=loopstop-task-key: stop-agent-{{ $json.body.run }}\n"
+        "loopstop-workflow: {{ $workflow.id }}\n"
         "loopstop-execution: {{ $execution.id }}\n"
         "You are a support agent. Use add_note to add one note to the ticket.",
     )
@@ -500,7 +502,7 @@ def test_a_task_stop_cancels_a_running_agent(stack: Stack) -> None:
     (execution,) = running_now
     r = requests.post(
         stack.sidecar.base + "/v1/tasks",
-        json={"task_key": f"stop-agent-{run}"},
+        json={"task_key": f"stop-agent-{run}", "workflow": AGENT_WORKFLOW},
         headers={"Authorization": f"Bearer {TOKEN}"},
         timeout=10,
     )
