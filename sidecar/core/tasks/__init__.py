@@ -38,10 +38,12 @@ Times are epoch seconds; every function takes ``now``; no I/O.
 
 from sidecar.core.tasks.admission import (
     TOOL_RULES,
+    CallFlaw,
     ToolCall,
     admit_model_call,
     admit_tool_call,
     record_tokens,
+    screen_proposal,
     settle_model_call,
 )
 from sidecar.core.tasks.ledger_bridge import unknown_operations
@@ -153,6 +155,7 @@ __all__ = [
     "TaskLimits",
     "TaskStatus",
     "ToolCall",
+    "CallFlaw",
     "ToolDecision",
     "ToolOutcome",
     "ToolResult",
@@ -176,6 +179,7 @@ __all__ = [
     "resolve_limits",
     "resume",
     "settle_model_call",
+    "screen_proposal",
     "stop",
     "stopped_by",
     "to_micros",
