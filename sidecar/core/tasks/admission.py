@@ -60,7 +60,7 @@ from typing import Any
 
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
 from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write, require_open_room
-from sidecar.core.tasks.lifecycle import deadline_passed, end
+from sidecar.core.tasks.lifecycle import deadline_passed, end, overshoot
 from sidecar.core.tasks.limits import to_micros
 from sidecar.core.tasks.outcomes import (
     DenyReason,
@@ -135,8 +135,14 @@ def settle_model_call(
     task: Task, reserved_cost: float, actual_cost: float, tokens: int, now: float
 ) -> Task:
     """A model turn's real usage: releases its reservation, adds its cost and
-    tokens. Ends nothing (the next admission does), and applies to an ended
-    task too: money spent is a fact."""
+    tokens, and applies to an ended task too: money spent is a fact.
+
+    A turn that cost more than its reservation (an upstream that reports more
+    than the request allowed) and so passes ``max_cost`` ends the task at this
+    turn, ``partial``, ``cost_budget``, its envelope's ``used`` naming the
+    ``cost_overshoot`` (an envelope that was already there gets it too): the
+    budget is never passed unseen. Other budgets end at the next admission.
+    """
     used = task.used
     release = min(to_micros(reserved_cost), used.reserved_micros)
     used = replace(
@@ -145,7 +151,14 @@ def settle_model_call(
         cost_micros=used.cost_micros + to_micros(actual_cost),
         tokens=used.tokens + max(0, tokens),
     )
-    return replace(task, used=used, updated_at=now)
+    task = replace(task, used=used, updated_at=now)
+    over = overshoot(task)
+    if not over:
+        return task
+    if task.envelope is None:
+        return end(task, EndReason.COST_BUDGET, now)
+    envelope = replace(task.envelope, used={**task.envelope.used, "cost": used.cost, **over})
+    return replace(task, envelope=envelope)
 
 
 def record_tokens(task: Task, tokens: int, now: float) -> Task:

@@ -148,6 +148,9 @@ class TurnReason(StrEnum):
     BAD_UPSTREAM_RESPONSE = "bad_upstream_response"
     TIMEOUT = "timeout"
     UPSTREAM_STREAM_CUT = "upstream_stream_cut"
+    ANSWER_TOO_LARGE = "answer_too_large"  # past model_gate.max_answer_bytes
+    STORE_UNAVAILABLE = "store_unavailable"  # the store failed once the stream had begun
+    GATE_ERROR = "gate_error"  # anything else failed once the stream had begun
 
 
 class ToolDecision(StrEnum):

@@ -31,6 +31,13 @@ from sidecar.canonical import canonical_json
 #: Characters per token of the estimate used when the upstream reports no
 #: usage (a cut stream): the usual 4 characters of English per token.
 CHARS_PER_TOKEN = 4
+#: The most tokens one turn can report: past every model's context; a bigger
+#: count (10^308, 10^400) is not a count, read as no usage (never free).
+MAX_TURN_TOKENS = 100_000_000
+#: The largest output limit (``max_tokens`` ...) and choice count (``n``) a
+#: request may set: what no API accepts is refused at parse, naming the field.
+MAX_OUTPUT_LIMIT = 10_000_000
+MAX_CHOICES = 128
 
 
 class Framing(StrEnum):
@@ -96,6 +103,18 @@ class Usage:
 
 
 NO_USAGE = Usage()
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What bounds a request's cost besides its bytes and output limit (DESIGN §3
+    ``max_cost``): ``choices`` answers it asks for (each up to the output
+    limit), and ``unbounded``, the dotted path of a field whose cost the
+    request's own bytes do not bound (context held upstream, media by URL or
+    id, a hosted tool), None when there is none."""
+
+    choices: int = 1
+    unbounded: str | None = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +249,14 @@ class WireAdapter(Protocol):
         """The most output the request allows (None: it sets no limit)."""
         ...
 
+    def spend(self, body: Mapping[str, Any]) -> Spend:
+        """What else bounds the request's cost (:class:`Spend`)."""
+        ...
+
+    def with_output_limit(self, body: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        """The request with ``limit`` as its output limit (it set none)."""
+        ...
+
     def read_answer(self, answer: Any) -> Answer:
         """Read a non-streamed answer (its parsed JSON; None when it was not JSON).
 
@@ -312,6 +339,22 @@ def parse_args(raw: Any) -> Any:
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` when it is a token count (an int, not a bool, from 0 to
+    :data:`MAX_TURN_TOKENS`), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TURN_TOKENS:
+        return value
+    return None
+
+
+def input_bound(body: Mapping[str, Any]) -> int:
+    """A bound of the input tokens of the request ``body`` (what is sent
+    upstream): its UTF-8 bytes as compact JSON (a byte-level tokenizer's token
+    is never shorter than one byte)."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=str)
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def estimate_tokens(body: Mapping[str, Any], output_chars: int) -> int:
