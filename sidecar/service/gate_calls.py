@@ -97,7 +97,8 @@ class GateCalls:
             task = self.tasks.get(principal, ns, task_id)
         pending = {c.call_id: c.tool for c in task.history() if c.status is CallStatus.PENDING}
         fp = self.tasks.fp
-        for out in reversed(outputs):
+        latest = {out.call_id: out for out in outputs}  # in order, the last output of each id
+        for out in latest.values():
             tool = pending.pop(out.call_id, None)
             if tool is None:
                 continue
