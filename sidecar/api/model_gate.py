@@ -127,6 +127,7 @@ def _log(record: TurnRecord) -> None:
         tokens=record.tokens,
         usage=record.usage,
         cost=record.cost,
+        cost_overshoot=record.cost_overshoot,
         execution_id=record.execution,
         upstream_status=record.upstream_status,
         tool_calls=[{"tool": t, "decision": d, "reason": r} for t, d, r in record.tool_calls]

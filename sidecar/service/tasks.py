@@ -53,13 +53,14 @@ class CreateInput:
 @dataclass(frozen=True)
 class CallInput:
     """A tool call to admit; ``call_id`` is the caller's own id (admission is
-    idempotent on it), None for a generated one."""
+    idempotent on it), None for a generated one; ``flaw``: the model gate's screening."""
 
     tool: str
     kind: CallKind
     args: Any
     operation_id: str | None
     call_id: str | None = None
+    flaw: core.CallFlaw | None = None
 
 
 class TaskService:
@@ -416,7 +417,7 @@ class TaskService:
                     }
                 ]
             )
-        if body.kind is CallKind.WRITE and not body.operation_id:
+        if body.kind is CallKind.WRITE and not body.operation_id and body.flaw is None:
             raise ValidationFailed(
                 [{"loc": ["body", "operation_id"], "msg": "a write needs its operation_id"}]
             )
@@ -452,6 +453,7 @@ class TaskService:
                 args_prints[self.fp.current.id],
                 begin,
                 given_id=body.call_id is not None,
+                flaw=body.flaw,
             )
             exceeded = self.watch.exceeded(txn, ns, task)
             stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)

@@ -40,6 +40,20 @@ Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
   the connection closes mid-body);
 - ``slow``: answers after 2 s.
 
+Hostile modes, each one way an upstream can try to slip past the gate:
+
+- ``repeat_call``: one proposal of 5 copies of one call (same id, same arguments);
+- ``fresh_ids``: one call a turn, always the id ``call_0``, arguments naming the turn;
+- ``split_id``: two calls under one id, with two argument sets;
+- ``empty_id``: a call whose id is ``""``;
+- ``unoffered``: a call of a tool the request did not offer (``drop_tables``);
+- ``hidden_call``: as ``tool_call``, but a Responses stream leaves the call out of
+  ``response.completed``'s output (it is streamed only as item events);
+- ``null_error``: a final answer whose chat chunks carry ``"error": null``;
+- ``huge_usage``: a final answer reporting ``usage_tokens`` output tokens (10^400);
+- ``overspend``: a final answer reporting 50 output tokens, whatever the limit;
+- ``big``: a final answer of ``big_bytes`` (60 MB), gzip-encoded when ``gzip`` is set.
+
 The failing modes show what the gate answers n8n when the model fails.
 In the test suite, ``hold`` (a :class:`threading.Event`), when set on the
 instance, makes a stream pause after its first text event until the test
@@ -50,6 +64,7 @@ finished. Only the standard library: nothing to install.
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import threading
@@ -71,7 +86,19 @@ MODES = (
     "no_usage",
     "cut",
     "slow",
+    "repeat_call",
+    "fresh_ids",
+    "split_id",
+    "empty_id",
+    "unoffered",
+    "hidden_call",
+    "null_error",
+    "huge_usage",
+    "overspend",
+    "big",
 )
+#: The modes whose answer proposes tool calls.
+CALLING = ("tool_call", "text_then_tool", *MODES[10:16])
 
 USAGE_CHAT = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 USAGE_RESPONSES = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
@@ -103,7 +130,38 @@ class FakeLLM:
         self.stream_done = threading.Event()
         #: ``time.perf_counter()`` just before the last stream's first text event was sent
         self.first_text_at: float | None = None
+        #: ``huge_usage``: the output tokens reported; ``big``: the answer's size
+        self.usage_tokens = 10**400
+        self.big_bytes = 60 << 20
+        self.gzip = False
         self._ids = itertools.count(1)
+
+    def calls(self, req: dict[str, Any], n: int) -> list[tuple[str, str, str]]:
+        """The calls turn ``n`` proposes, ``(id, tool, arguments)``, by mode."""
+        name, arguments = first_tool(req)
+        args = json.dumps(arguments)
+        if self.mode == "repeat_call":
+            return [(f"call_{n}", name, args)] * 5
+        if self.mode == "fresh_ids":
+            return [("call_0", name, json.dumps({"note": f"turn {n}"}))]
+        if self.mode == "split_id":
+            return [("call_0", name, '{"note": "a"}'), ("call_0", name, '{"note": "b"}')]
+        if self.mode == "empty_id":
+            return [("", name, args)]
+        if self.mode == "unoffered":
+            return [(f"call_{n}", "drop_tables", "{}")]
+        return [(f"call_{n}", name, args)]
+
+    def usage(self) -> tuple[int, int] | None:
+        """``(input, output)`` tokens to report (None: no usage)."""
+        if self.mode == "no_usage":
+            return None
+        if self.mode == "huge_usage":
+            return 7, self.usage_tokens
+        return 7, 50 if self.mode == "overspend" else 3
+
+    def text(self) -> str:
+        return "x" * self.big_bytes if self.mode == "big" else "".join(TEXT_PARTS)
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -151,18 +209,14 @@ def chat_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
     n = llm.next_id()
     message: dict[str, Any] = {"role": "assistant", "content": None}
     finish = "stop"
-    if llm.mode in ("tool_call", "text_then_tool"):
-        name, arguments = first_tool(req)
+    if llm.mode in CALLING:
         message["tool_calls"] = [
-            {
-                "id": f"call_{n}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
+            {"id": i, "type": "function", "function": {"name": name, "arguments": args}}
+            for i, name, args in llm.calls(req, n)
         ]
         finish = "tool_calls"
-    if llm.mode != "tool_call":
-        message["content"] = "".join(TEXT_PARTS)
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        message["content"] = llm.text()
     out: dict[str, Any] = {
         "id": f"chatcmpl-fake-{n}",
         "object": "chat.completion",
@@ -170,8 +224,13 @@ def chat_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
         "model": req.get("model", "fake-model"),
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
     }
-    if llm.mode != "no_usage":
-        out["usage"] = USAGE_CHAT
+    used = llm.usage()
+    if used is not None:
+        out["usage"] = (
+            USAGE_CHAT
+            if used == (7, 3)
+            else {"prompt_tokens": used[0], "completion_tokens": used[1], "total_tokens": sum(used)}
+        )
     return out
 
 
@@ -182,11 +241,12 @@ def chat_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None,
     message = answer["choices"][0]["message"]
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        out = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return {**out, "error": None} if llm.mode == "null_error" else out
 
     yield None, chunk({"role": "assistant", "content": ""})
     if message["content"]:
-        for part in TEXT_PARTS:
+        for part in _parts(llm):
             yield "text", chunk({"content": part})
     for i, call in enumerate(message.get("tool_calls") or []):
         fn = call["function"]
@@ -204,14 +264,22 @@ def chat_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None,
     yield None, "[DONE]"
 
 
+def _parts(llm: FakeLLM) -> list[str]:
+    """The text events of a streamed answer: 1 MB each in ``big``."""
+    if llm.mode != "big":
+        return TEXT_PARTS
+    step = 1 << 20
+    return ["x" * min(step, llm.big_bytes - at) for at in range(0, llm.big_bytes, step)]
+
+
 # -- the Responses API ------------------------------------------------------------------------
 
 
 def responses_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
     n = llm.next_id()
     output: list[dict[str, Any]] = []
-    if llm.mode != "tool_call":
-        text = "".join(TEXT_PARTS)
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        text = llm.text()
         output.append(
             {
                 "id": f"msg_fake{n}",
@@ -221,17 +289,17 @@ def responses_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
         )
-    if llm.mode in ("tool_call", "text_then_tool"):
-        name, arguments = first_tool(req)
-        output.append(
+    if llm.mode in CALLING:
+        output.extend(
             {
-                "id": f"fc_fake{n}",
+                "id": f"fc_fake{n}_{k}",
                 "type": "function_call",
                 "status": "completed",
-                "call_id": f"call_{n}",
+                "call_id": i,
                 "name": name,
-                "arguments": json.dumps(arguments),
+                "arguments": args,
             }
+            for k, (i, name, args) in enumerate(llm.calls(req, n))
         )
     out: dict[str, Any] = {
         "id": f"resp_fake{n}",
@@ -245,9 +313,15 @@ def responses_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": req.get("tools") or [],
-        "usage": None if llm.mode == "no_usage" else USAGE_RESPONSES,
+        "usage": _responses_usage(llm.usage()),
     }
     return out
+
+
+def _responses_usage(used: tuple[int, int] | None) -> dict[str, Any] | None:
+    if used is None or used == (7, 3):
+        return None if used is None else USAGE_RESPONSES
+    return {"input_tokens": used[0], "output_tokens": used[1], "total_tokens": sum(used)}
 
 
 def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None, Any]]:
@@ -275,7 +349,7 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
             )
             part = {"type": "output_text", "text": "", "annotations": []}
             yield None, ev("response.content_part.added", **at, part=part)
-            for piece in TEXT_PARTS:
+            for piece in _parts(llm):
                 yield "text", ev("response.output_text.delta", **at, delta=piece)
             yield None, ev("response.output_text.done", **at, text=text)
             yield None, ev("response.content_part.done", **at, part={**part, "text": text})
@@ -294,6 +368,8 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
                 yield None, ev("response.function_call_arguments.delta", **at, delta=piece)
             yield None, ev("response.function_call_arguments.done", **at, arguments=args)
         yield None, ev("response.output_item.done", output_index=index, item=item)
+    if llm.mode == "hidden_call":  # streamed as items, left out of the final output
+        answer = {**answer, "output": [i for i in answer["output"] if i["type"] != "function_call"]}
     yield None, ev("response.completed", response=answer)
 
 
@@ -578,6 +654,15 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 answer = ollama_answer(llm, req)
             else:
                 answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
+            if llm.mode == "big" and llm.gzip:
+                body = gzip.compress(json.dumps(answer).encode(), compresslevel=9)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return None
             if llm.mode == "cut":
                 body = json.dumps(answer).encode()
                 self.send_response(200)
