@@ -320,7 +320,7 @@ RESPONSE_ANSWER = {
 def test_an_answer_s_proposals_and_usage_are_read(
     adapter: WireAdapter, answer: dict[str, Any], proposals: list[Proposal]
 ) -> None:
-    read = adapter.read_answer(answer)
+    read = adapter.read_answer(answer, {})
     assert read.proposals == proposals
     assert read.usage == Usage(10, (7, 3))
 
@@ -339,7 +339,7 @@ def test_an_answer_of_another_shape_is_not_this_api_s_answer(
     adapter: WireAdapter, answer: Any
 ) -> None:
     with pytest.raises(NotThisAnswer, match="not a"):
-        adapter.read_answer(answer)
+        adapter.read_answer(answer, {})
 
 
 @pytest.mark.parametrize(

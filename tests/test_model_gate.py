@@ -816,7 +816,7 @@ def test_odd_tool_call_arguments_are_fingerprinted_never_a_500(api: Api, argumen
             }
         ]
     }
-    (call,) = OPENAI_CHAT.read_answer(answer).proposals
+    (call,) = OPENAI_CHAT.read_answer(answer, {}).proposals
     a = Agent(api)
     out = a.call(call.tool, call.args, call_id="c1")
     assert out["decision"] == "execute"
@@ -837,7 +837,7 @@ def test_malformed_proposals_are_read_as_none_or_empty(answer: dict[str, Any]) -
 
     for adapter in (OPENAI_CHAT, OPENAI_RESPONSES):
         try:
-            read = adapter.read_answer(answer)
+            read = adapter.read_answer(answer, {})
         except NotThisAnswer:
             continue  # not this API's answer at all: refused as a bad upstream answer
         for call in read.proposals:

@@ -430,7 +430,7 @@ class ModelGate:
         except (ValueError, RecursionError):
             parsed = None
         try:
-            answer = adapter.read_answer(parsed)
+            answer = adapter.read_answer(parsed, turn.body)
         except NotThisAnswer as exc:
             self._count(turn, NO_USAGE, estimate_tokens(payload, len(content)))
             raise self._bad_upstream(turn, str(exc)) from None

@@ -5,11 +5,18 @@ gives the model gate's upstream, to watch the gate stop a looping agent
 without an OpenAI account:
 
     python3 workflows-examples/stand-in/model.py            # http://127.0.0.1:8791/v1
+    python3 workflows-examples/stand-in/model.py --api gemini   # http://127.0.0.1:8791
 
 It speaks both APIs n8n's OpenAI Chat Model uses: ``POST /v1/responses``
 (the Responses API, the node's default) and ``POST /v1/chat/completions``,
 each streamed (Server-Sent Events, chunked, as OpenAI sends them) when the
 request says ``stream: true``, and ``GET /v1/models`` (the credential test).
+With ``--api gemini`` it is Google's Gemini API instead, as n8n's Google
+Gemini Chat Model uses it (its Host is the stand-in's address, no path):
+``POST /v1beta/models/{model}:generateContent``, ``:streamGenerateContent``
+(``data:`` frames only, as Google sends them; ``?alt=sse``), ``GET
+/v1beta/models`` (the credential test); a call has no id and carries a
+``thoughtSignature``, as Gemini 3 sends it.
 Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
 
 - ``tool_call`` (the default): a looping model, always the same call (the
@@ -58,19 +65,30 @@ MODES = (
 
 USAGE_CHAT = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 USAGE_RESPONSES = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
+USAGE_GEMINI = {"promptTokenCount": 7, "candidatesTokenCount": 3, "totalTokenCount": 10}
+#: The ``thoughtSignature`` a Gemini 3 model puts on its calls (base64, as the API's).
+SIGNATURE = "c3RhbmQtaW4tc2lnbmF0dXJl"
+APIS = ("openai", "gemini")
 TEXT_PARTS = ["FINAL ", "ans", "wer"]
 
 
 class FakeLLM:
-    """The stand-in's state: its ``mode`` and every request it was sent (with its path
-    and Authorization header); ``base`` is its ``.../v1`` address once served."""
+    """The stand-in's state: its ``mode``, its ``api`` (``openai`` or ``gemini``)
+    and every request it was sent (a POST's body, path and query and
+    Authorization header; a GET's path and query in ``gets``; the headers of
+    both, lower-cased, in ``headers``); ``base`` is its ``.../v1`` address once
+    served, ``root`` its address without a path (Gemini's Host)."""
 
     def __init__(self) -> None:
         self.mode = "tool_call"
+        self.api = "openai"
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.auth: list[str | None] = []
+        self.headers: list[dict[str, str]] = []
+        self.gets: list[str] = []
         self.base = ""
+        self.root = ""
         self.hold: threading.Event | None = None
         #: set once a stream has sent its first text event (with ``hold``)
         self.first_sent = threading.Event()
@@ -84,6 +102,11 @@ class FakeLLM:
         return next(self._ids)
 
     def error(self) -> tuple[int, dict[str, Any]] | None:
+        if self.mode in ("429", "500") and self.api == "gemini":
+            status = "RESOURCE_EXHAUSTED" if self.mode == "429" else "INTERNAL"
+            return int(self.mode), {
+                "error": {"code": int(self.mode), "message": f"fake {self.mode}", "status": status}
+            }
         if self.mode in ("429", "500"):
             return int(self.mode), {
                 "error": {
@@ -105,6 +128,8 @@ def first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if not tools:
         return "echo", {"note": "again"}
     tool = tools[0]
+    if "functionDeclarations" in tool:  # Gemini
+        tool = (tool["functionDeclarations"] or [{}])[0]
     function = tool.get("function") or tool
     props = (function.get("parameters") or {}).get("properties") or {}
     return function.get("name", "echo"), {k: "again" for k in props} or {"note": "again"}
@@ -263,6 +288,73 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
     yield None, ev("response.completed", response=answer)
 
 
+# -- Gemini ------------------------------------------------------------------------------------
+
+
+def gemini_answer(llm: FakeLLM, req: dict[str, Any], model: str) -> dict[str, Any]:
+    """A ``GenerateContentResponse``: the call has no id, and a ``thoughtSignature``."""
+    n = llm.next_id()
+    parts: list[dict[str, Any]] = []
+    if llm.mode != "tool_call":
+        parts.append({"text": "".join(TEXT_PARTS)})
+    if llm.mode in ("tool_call", "text_then_tool"):
+        name, arguments = first_tool(req)
+        parts.append(
+            {"functionCall": {"name": name, "args": arguments}, "thoughtSignature": SIGNATURE}
+        )
+    out: dict[str, Any] = {
+        "candidates": [
+            {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
+        ],
+        "modelVersion": model,
+        "responseId": f"resp-fake-{n}",
+    }
+    if llm.mode != "no_usage":
+        out["usageMetadata"] = USAGE_GEMINI
+    return out
+
+
+def gemini_events(
+    llm: FakeLLM, req: dict[str, Any], model: str
+) -> Iterator[tuple[str | None, Any]]:
+    """Each text piece a chunk, then the calls and ``finishReason`` with the usage
+    (Gemini's usage is a running total: the last chunk's is the turn's)."""
+    answer = gemini_answer(llm, req, model)
+    head = {k: answer[k] for k in ("modelVersion", "responseId")}
+    parts = answer["candidates"][0]["content"]["parts"]
+    calls = [p for p in parts if "functionCall" in p]
+
+    def chunk(chunk_parts: list[dict[str, Any]], last: bool) -> dict[str, Any]:
+        candidate: dict[str, Any] = {
+            "content": {"role": "model", "parts": chunk_parts},
+            "index": 0,
+        }
+        out: dict[str, Any] = {"candidates": [candidate], **head}
+        if last:
+            candidate["finishReason"] = "STOP"
+            if "usageMetadata" in answer:
+                out["usageMetadata"] = answer["usageMetadata"]
+        return out
+
+    if any("text" in p for p in parts):
+        for i, piece in enumerate(TEXT_PARTS):
+            yield "text", chunk([{"text": piece}], not calls and i == len(TEXT_PARTS) - 1)
+    if calls:
+        yield None, chunk(calls, True)
+
+
+def gemini_models() -> dict[str, Any]:
+    return {
+        "models": [
+            {
+                "name": "models/fake-model",
+                "displayName": "Fake model",
+                "supportedGenerationMethods": ["generateContent", "countTokens"],
+            }
+        ]
+    }
+
+
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
@@ -294,6 +386,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
         disable_nagle_algorithm = True  # each event leaves at once (no 40 ms delayed-ACK stalls)
 
         def do_GET(self) -> None:
+            llm.gets.append(self.path)
+            llm.headers.append({k.lower(): v for k, v in self.headers.items()})
+            if llm.api == "gemini" and self.path.split("?")[0].endswith("/models"):
+                return self._json(200, gemini_models())
             if self.path.endswith("/models"):
                 return self._json(
                     200,
@@ -340,12 +436,48 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            req = json.loads(raw or b"{}")
+        def _record(self, req: dict[str, Any]) -> None:
             llm.requests.append(req)
             llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))
+            llm.headers.append({k.lower(): v for k, v in self.headers.items()})
+
+        def _gemini(self, req: dict[str, Any]) -> None:
+            path = self.path.split("?")[0]
+            target = path.rsplit("/models/", 1)[-1]
+            model, _, method = target.rpartition(":")
+            if method == "streamGenerateContent":
+                return self._stream(gemini_events(llm, req, model), named=False)
+            if method != "generateContent":
+                return self._json(
+                    404, {"error": {"code": 404, "message": "no route", "status": "NOT_FOUND"}}
+                )
+            return self._answer(gemini_answer(llm, req, model))
+
+        def _answer(self, answer: dict[str, Any]) -> None:
+            if llm.mode == "garbage":
+                body = b"this is not json"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return None
+            if llm.mode == "cut":
+                body = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[: len(body) // 2])
+                self.close_connection = True
+                return None
+            return self._json(200, answer)
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            req = json.loads(raw or b"{}")
+            self._record(req)
             failed = llm.error()
             if failed is not None:
                 return self._json(*failed)
@@ -359,43 +491,30 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return None
             if llm.mode == "slow":
                 time.sleep(2)
+            if llm.api == "gemini":
+                return self._gemini(req)
             responses = self.path.endswith("/responses")
             if not responses and not self.path.endswith("/chat/completions"):
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
             if req.get("stream"):
                 events = responses_events(llm, req) if responses else chat_events(llm, req)
                 return self._stream(events, named=responses)
-            if llm.mode == "garbage":
-                body = b"this is not json"
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return None
-            answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
-            if llm.mode == "cut":
-                body = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body[: len(body) // 2])
-                self.close_connection = True
-                return None
-            return self._json(200, answer)
+            return self._answer(responses_answer(llm, req) if responses else chat_answer(llm, req))
 
     return Handler
 
 
 @contextmanager
-def serve(host: str = "127.0.0.1", port: int = 0) -> Iterator[FakeLLM]:
-    """Serve a :class:`FakeLLM` in a background thread for the duration of the block."""
+def serve(host: str = "127.0.0.1", port: int = 0, api: str = "openai") -> Iterator[FakeLLM]:
+    """Serve a :class:`FakeLLM` of ``api`` in a background thread for the duration
+    of the block."""
     llm = FakeLLM()
+    llm.api = api
     server = _Server((host, port), _handler(llm))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    llm.base = f"http://{host}:{server.server_address[1]}/v1"
+    llm.root = f"http://{host}:{server.server_address[1]}"
+    llm.base = llm.root + "/v1"
     try:
         yield llm
     finally:
@@ -408,11 +527,14 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--mode", choices=MODES, default="tool_call")
+    parser.add_argument("--api", choices=APIS, default="openai")
     args = parser.parse_args()
     llm = FakeLLM()
     llm.mode = args.mode
+    llm.api = args.api
     server = _Server((args.host, args.port), _handler(llm))
-    print(f"stand-in model ({args.mode}) on http://{args.host}:{args.port}/v1", flush=True)
+    where = f"http://{args.host}:{args.port}" + ("/v1" if args.api == "openai" else "")
+    print(f"stand-in model ({args.api}, {args.mode}) on {where}", flush=True)
     with suppress(KeyboardInterrupt):
         server.serve_forever()
 

@@ -7,6 +7,7 @@ module. The service orchestrates adapters and never branches on the format.
 
 from __future__ import annotations
 
+from sidecar.gate.wire import gemini
 from sidecar.gate.wire.base import WireAdapter
 from sidecar.gate.wire.openai_chat import OpenAIChat
 from sidecar.gate.wire.openai_responses import OpenAIResponses
@@ -15,5 +16,9 @@ from sidecar.gate.wire.openai_responses import OpenAIResponses
 OPENAI_CHAT: WireAdapter = OpenAIChat()
 #: The Responses API (``/responses``).
 OPENAI_RESPONSES: WireAdapter = OpenAIResponses()
+#: Gemini's ``models/{model}:generateContent``.
+GEMINI_GENERATE: WireAdapter = gemini.GENERATE
+#: Gemini's ``models/{model}:streamGenerateContent`` (``alt=sse``).
+GEMINI_STREAM: WireAdapter = gemini.STREAM
 
-__all__ = ["OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]
+__all__ = ["GEMINI_GENERATE", "GEMINI_STREAM", "OPENAI_CHAT", "OPENAI_RESPONSES", "WireAdapter"]

@@ -12,10 +12,13 @@ values: text passed on as it arrives, tool-call fragments held until the
 proposal is decided, the turn's final proposals and usage, or the
 upstream's own error event.
 
+Where an API gives calls no id (Gemini), the adapter names each proposal
+by its place in the conversation (``call_id``), the same name the call gets
+when the agent sends it back, so its output is matched to it.
+
 Room is left for what is not built yet: putting an exchange of the gate's
 own into the conversation (``with_exchange(body, proposal, output_text)``,
-DESIGN §5.1), and APIs that give calls no id (Gemini, Ollama), whose
-proposals the adapter would number by position in ``call_id``.
+DESIGN §5.1).
 """
 
 from __future__ import annotations
@@ -230,8 +233,10 @@ class WireAdapter(Protocol):
         """The most output the request allows (None: it sets no limit)."""
         ...
 
-    def read_answer(self, answer: Any) -> Answer:
-        """Read a non-streamed answer (its parsed JSON; None when it was not JSON).
+    def read_answer(self, answer: Any, body: Mapping[str, Any]) -> Answer:
+        """Read a non-streamed answer (its parsed JSON; None when it was not JSON)
+        to ``body`` (where an API gives calls no id, the adapter numbers them
+        after the calls the request holds).
 
         :raises NotThisAnswer: it is not this API's answer.
         """

@@ -206,7 +206,7 @@ class OpenAIChat(OpenAIBase):
                 names.add(fn["name"])
         return frozenset(names)
 
-    def read_answer(self, answer: Any) -> Answer:
+    def read_answer(self, answer: Any, body: Mapping[str, Any]) -> Answer:
         """``choices[].message.tool_calls`` and ``usage``.
 
         :raises NotThisAnswer: not an object with ``choices``.

@@ -235,7 +235,7 @@ class OpenAIResponses(OpenAIBase):
             and isinstance(t.get("name"), str)
         )
 
-    def read_answer(self, answer: Any) -> Answer:
+    def read_answer(self, answer: Any, body: Mapping[str, Any]) -> Answer:
         """``output[]`` items of type ``function_call`` and ``usage``.
 
         :raises NotThisAnswer: not an object with ``output``.
