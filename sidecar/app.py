@@ -21,7 +21,7 @@ from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
 from sidecar.api.models import OperationView
-from sidecar.auth import TokenTable, auth_failure, check_host, check_origin
+from sidecar.auth import TokenTable, auth_failure, check_host, check_origin, presented_token
 from sidecar.canonical import build_fingerprinter
 from sidecar.checks import Checks
 from sidecar.config import Settings, load_settings
@@ -201,8 +201,12 @@ def create_app(
                 return
             _refuse_web_pages(api)
             if api:
-                g.principal = tokens.authenticate(
-                    request.headers.get("Authorization"), request.remote_addr
+                # The gate's routes read the token where their API's client puts its key.
+                sources = model_gate.token_sources(request.path)
+                g.principal = tokens.authenticate_token(
+                    presented_token(model_gate.lower_headers(), request.args, sources),
+                    request.remote_addr,
+                    sources,
                 )
         except LoopstopError as exc:
             if exc.status in (401, 403, 421):

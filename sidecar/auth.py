@@ -7,6 +7,12 @@ in constant time against every configured token (``hmac.compare_digest``
 over SHA-256 digests, no early exit), so timing reveals neither a prefix
 nor which token matched.
 
+The model gate's routes read the token where each API's client puts its
+key (DESIGN §5's table: ``x-api-key`` for Anthropic, ``x-goog-api-key`` or
+the ``key`` query parameter for Gemini, ``api-key`` for Azure):
+:func:`presented_token` finds it, :meth:`TokenTable.authenticate_token`
+compares it as every other token. It is never logged nor forwarded.
+
 Web pages (DESIGN "HTTP conventions"): a browser attaches no token, but a
 page of any site can post forms to a loopback server and a foreign host name
 can be made to resolve to 127.0.0.1 (DNS rebinding). So, in every mode, a
@@ -35,6 +41,7 @@ from sidecar.errors import (
     MisdirectedRequest,
     Unauthenticated,
 )
+from sidecar.gate.wire.base import BEARER, TokenFrom
 
 log = logging.getLogger("loopstop")
 
@@ -79,6 +86,27 @@ class Principal:
         """:raises Forbidden: when the token is not ``admin``."""
         if not self.admin:
             raise Forbidden(f"token {self.name!r} is not an admin token")
+
+
+def presented_token(
+    headers: Mapping[str, str], query: Mapping[str, str], sources: Iterable[TokenFrom]
+) -> str | None:
+    """The token a request presents: the first of ``sources`` it sends (a header
+    or a query parameter; a ``bearer`` header's value after ``Bearer``), None
+    when it sends none of them (or a bearer header of another scheme).
+
+    :param headers: the request's headers, their names in lower case.
+    """
+    for source in sources:
+        value = query.get(source.query) if source.query else headers.get(source.header.lower())
+        if value is None:
+            continue
+        if source.bearer:
+            scheme, _, value = value.partition(" ")
+            if scheme.lower() != "bearer":
+                return None
+        return value.strip() or None
+    return None
 
 
 class LoginDecision(StrEnum):
@@ -214,18 +242,32 @@ class TokenTable:
         :raises Unauthenticated: header missing, not Bearer, or no token matches.
         :raises Forbidden: no tokens are configured and the caller is not on loopback.
         """
+        return self.authenticate_token(
+            presented_token({"authorization": authorization or ""}, {}, (BEARER,)),
+            remote_addr,
+        )
+
+    def authenticate_token(
+        self, token: str | None, remote_addr: str | None, sources: Iterable[TokenFrom] = (BEARER,)
+    ) -> Principal:
+        """Resolve the caller from a presented token (:func:`presented_token`),
+        compared in constant time against every configured token.
+
+        :param sources: where it was looked for (named in the 401's text).
+        :raises Unauthenticated: no token, or no configured token matches.
+        :raises Forbidden: no tokens are configured and the caller is not on loopback.
+        """
         if self.open:
             if not is_loopback(remote_addr):
                 raise Forbidden("no tokens are configured: only loopback callers are served")
             return ANONYMOUS
-        scheme, _, value = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            raise Unauthenticated("send Authorization: Bearer <token>")
-        digest = hashlib.sha256(value.strip().encode()).digest()
+        if not token:
+            raise Unauthenticated("send " + " or ".join(s.describe() for s in sources))
+        digest = hashlib.sha256(token.encode()).digest()
         found: Principal | None = None
         for expected, principal in self._entries:
             if hmac.compare_digest(expected, digest):
                 found = principal
         if found is None:
-            raise Unauthenticated("the bearer token matches no configured token")
+            raise Unauthenticated("the token matches no configured token")
         return found

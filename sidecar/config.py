@@ -214,21 +214,67 @@ class ModelPrice(_Section):
     output_per_mtok: Annotated[float, Field(ge=0, le=1_000_000)]
 
 
-class ModelGateConfig(_Section):
-    """The model gate (DESIGN §5): the real model behind it, and what its tokens cost.
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
+
+class UpstreamConfig(_Section):
+    """One API's real model: its base URL and the environment variable holding
+    its key (none: the upstream gets no key, as a local Ollama wants)."""
+
+    url: Annotated[str, Field(min_length=1)]
+    api_key_env: EnvName | None = None
+
+    @model_validator(mode="after")
+    def _absolute(self) -> UpstreamConfig:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("url must be an absolute http:// or https:// URL")
+        if parts.query or parts.fragment:
+            raise ValueError("url takes no query or fragment")
+        return self
+
+
+class UpstreamsConfig(_Section):
+    """The real model of each API the gate speaks (DESIGN §5); an API without one
+    answers its routes 503."""
+
+    openai: UpstreamConfig | None = None
+    anthropic: UpstreamConfig | None = None
+    gemini: UpstreamConfig | None = None
+    ollama: UpstreamConfig | None = None
+    azure: UpstreamConfig | None = None
+
+
+class ModelGateConfig(_Section):
+    """The model gate (DESIGN §5): the real model behind each API, and what its tokens cost.
+
+    ``upstream_url`` / ``api_key_env`` are the ``openai`` entry of
+    ``upstreams`` as first written (setting both is a configuration error).
     ``max_output_tokens`` is the output a turn is assumed to allow when its
     request names no limit (the worst case a money budget reserves).
     """
 
     upstream_url: str | None = None
     api_key_env: str | None = None
+    upstreams: UpstreamsConfig = UpstreamsConfig()
     default_model: str | None = None
     timeout_s: Seconds = 60
     allow_untracked: bool = False
     currency: Annotated[str, Field(min_length=1, max_length=10)] = "USD"
     prices: dict[str, ModelPrice] = {}
     max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = 4096
+
+    def upstream(self, api: str) -> UpstreamConfig | None:
+        """The upstream of ``api`` (an ``upstreams`` field name), None when it has none;
+        ``openai`` falls back to ``upstream_url`` / ``api_key_env``."""
+        found: UpstreamConfig | None = getattr(self.upstreams, api, None)
+        if found is None and api == "openai" and self.upstream_url:
+            return UpstreamConfig.model_construct(
+                url=self.upstream_url, api_key_env=self.api_key_env
+            )
+        return found
 
 
 class N8nConfig(_Section):
@@ -424,6 +470,12 @@ class Settings(_Section):
                     "a write's check settles whether it happened, so it must be an http "
                     "check (or all/any holding one)"
                 )
+        gate = self.model_gate
+        if gate.upstreams.openai is not None and (gate.upstream_url or gate.api_key_env):
+            problems.append(
+                "model_gate.upstreams.openai: set model_gate.upstream_url/api_key_env or "
+                "model_gate.upstreams.openai, not both (they name the same upstream)"
+            )
         for name, check in self.checks.items():
             if isinstance(check, CombinedCheck):
                 for i, ref in enumerate(check.of):

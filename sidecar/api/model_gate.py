@@ -1,9 +1,11 @@
-"""``/v1/openai``: the model gate, a model endpoint in front of the real model (DESIGN §5).
+"""``/v1/<api>``: the model gate, a model endpoint in front of the real model (DESIGN §5).
 
-Point the n8n OpenAI credential's Base URL at ``<sidecar>/v1/openai`` and use
-a loopstop token as its API key; put ``loopstop-task: <task_id>`` (or
-``loopstop-task-key: <key>``) in the AI Agent's System Message. One route
-table maps each path to its wire adapter (:mod:`sidecar.gate.wire`); a
+Point the n8n chat model credential's Base URL at ``<sidecar>/v1/<api>``
+(``openai``, ``anthropic``, ...) and use a loopstop token as its API key;
+put ``loopstop-task: <task_id>`` (or ``loopstop-task-key: <key>``) in the
+AI Agent's System Message. One route table (:data:`ROUTES`) maps each
+API's prefix and path to its wire adapter (:mod:`sidecar.gate.wire`); the
+path below the prefix and the query are forwarded as they came; a
 stream is a generator response, written out event by event by gunicorn's
 sync and gthread workers alike.
 """
@@ -11,8 +13,9 @@ sync and gthread workers alike.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from flask import Blueprint, Response, g, has_request_context, jsonify, stream_with_context
+from flask import Blueprint, Response, g, has_request_context, jsonify, request, stream_with_context
 
 from sidecar import metrics
 from sidecar.api.body import read_json_object
@@ -20,20 +23,65 @@ from sidecar.api.decisions import log_decision
 from sidecar.core.tasks import TurnDecision
 from sidecar.errors import UpstreamError
 from sidecar.gate.wire import OPENAI_CHAT, OPENAI_RESPONSES, WireAdapter
+from sidecar.gate.wire.base import BEARER, Inbound, TokenFrom
 from sidecar.runtime import runtime
 from sidecar.service.model_gate import GateAnswer, TurnRecord
 
-bp = Blueprint("model_gate", __name__, url_prefix="/v1/openai")
+bp = Blueprint("model_gate", __name__)
 
-#: ``POST`` path -> (endpoint, the adapter of its wire format).
-TURNS: dict[str, tuple[str, WireAdapter]] = {
-    "/chat/completions": ("chat_completions", OPENAI_CHAT),
-    "/responses": ("responses", OPENAI_RESPONSES),
+
+@dataclass(frozen=True)
+class Route:
+    """One route of the gate, below its API's prefix: a turn (``POST``) or the
+    model list (``GET``, n8n's credential test and model picker)."""
+
+    method: str
+    path: str
+    endpoint: str
+    adapter: WireAdapter
+
+
+#: Each API's prefix (``/v1/<api name>``) -> its routes. Every adapter of a
+#: prefix belongs to the same API (its upstream, key header and token headers).
+ROUTES: dict[str, tuple[Route, ...]] = {
+    "/v1/openai": (
+        Route("POST", "/chat/completions", "chat_completions", OPENAI_CHAT),
+        Route("POST", "/responses", "responses", OPENAI_RESPONSES),
+        Route("GET", "/models", "models", OPENAI_CHAT),
+    ),
 }
-#: ``GET`` path -> (endpoint, the adapter that lists the upstream's models).
-LISTS: dict[str, tuple[str, WireAdapter]] = {
-    "/models": ("models", OPENAI_CHAT),
-}
+
+
+def _prefix_of(path: str) -> str | None:
+    for prefix in ROUTES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return prefix
+    return None
+
+
+def token_sources(path: str) -> tuple[TokenFrom, ...]:
+    """Where a request to ``path`` carries its loopstop token: its API's client's
+    key header(s) under a gate prefix, ``Authorization: Bearer`` elsewhere."""
+    prefix = _prefix_of(path)
+    return ROUTES[prefix][0].adapter.api.token_from if prefix is not None else (BEARER,)
+
+
+def _inbound() -> Inbound:
+    """The request's path below its prefix, its raw query and its headers."""
+    prefix = _prefix_of(request.path) or ""
+    return Inbound(
+        request.path[len(prefix) :],
+        request.query_string.decode("utf-8", "replace"),
+        lower_headers(),
+    )
+
+
+def lower_headers() -> dict[str, str]:
+    """The request's headers, their names in lower case (the first of a repeated one)."""
+    out: dict[str, str] = {}
+    for name, value in request.headers.items():
+        out.setdefault(name.lower(), value)
+    return out
 
 
 def _log(record: TurnRecord) -> None:
@@ -83,7 +131,7 @@ def _turn_view(adapter: WireAdapter) -> Callable[..., Response]:
     def view(**route: str) -> Response:
         body = read_json_object()
         try:
-            answer = runtime().model_gate.turn(adapter, g.principal, body, route)
+            answer = runtime().model_gate.turn(adapter, g.principal, body, route, _inbound())
         except UpstreamError as exc:
             if isinstance(exc.record, TurnRecord):
                 _log(exc.record)
@@ -95,12 +143,13 @@ def _turn_view(adapter: WireAdapter) -> Callable[..., Response]:
 
 def _list_view(adapter: WireAdapter) -> Callable[..., Response]:
     def view(**route: str) -> Response:
-        return jsonify(runtime().model_gate.models(adapter))
+        return jsonify(runtime().model_gate.models(adapter, _inbound()))
 
     return view
 
 
-for _path, (_endpoint, _adapter) in TURNS.items():
-    bp.add_url_rule(_path, _endpoint, _turn_view(_adapter), methods=["POST"])
-for _path, (_endpoint, _adapter) in LISTS.items():
-    bp.add_url_rule(_path, _endpoint, _list_view(_adapter), methods=["GET"])
+for _prefix, _routes in ROUTES.items():
+    _api = _prefix.rsplit("/", 1)[-1]
+    for _r in _routes:
+        _view = _turn_view(_r.adapter) if _r.method == "POST" else _list_view(_r.adapter)
+        bp.add_url_rule(_prefix + _r.path, f"{_api}_{_r.endpoint}", _view, methods=[_r.method])

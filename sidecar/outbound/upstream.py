@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_plus
 
 import requests
 import sseclient
 
 from sidecar.errors import GateNotConfigured, UpstreamError
-from sidecar.gate.wire.base import Frame, Framing, StreamBroken, WireAdapter
+from sidecar.gate.wire.base import OPENAI, Api, Frame, Framing, Inbound, StreamBroken, WireAdapter
 
 #: The longest the TCP connect may take (of ``timeout_s``).
 CONNECT_S = 5.0
@@ -140,10 +141,18 @@ class Exchange:
 
 
 class Upstream:
-    """The real model's API at ``base_url``, its key sent as a bearer token.
+    """One API's real model at ``base_url``, its key in the API's own header
+    (:class:`~sidecar.gate.wire.base.Api`: ``Authorization: Bearer`` for
+    OpenAI, ``x-api-key`` for Anthropic); no key header without a key.
+
+    A request is forwarded to the same path (below the API's prefix) and
+    query, less the API's ``drop_query`` parameters, with its ``pass_headers``
+    (version headers) and nothing else of it: never its token.
 
     :param session: the HTTP session (tests inject theirs).
     :param monotonic: the deadline clock (seconds).
+    :param api: the API it speaks.
+    :param setting: the configuration to name when no ``base_url`` is set.
     """
 
     def __init__(
@@ -153,40 +162,71 @@ class Upstream:
         api_key: str | None,
         timeout_s: float,
         monotonic: Callable[[], float] = time.monotonic,
+        *,
+        api: Api = OPENAI,
+        setting: str = "model_gate.upstream_url",
     ) -> None:
         self.session = session
         self.base_url = base_url
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.monotonic = monotonic
+        self.api = api
+        self.setting = setting
 
-    def url(self, path: str) -> str:
-        """The upstream URL of ``path``.
+    def url(self, path: str, query: str = "") -> str:
+        """The upstream URL of ``path`` and ``query`` (less the API's ``drop_query``).
 
         :raises GateNotConfigured: no upstream is configured.
         """
         if not self.base_url:
-            raise GateNotConfigured("set model_gate.upstream_url to the real model's base URL")
-        return self.base_url.rstrip("/") + path
+            raise GateNotConfigured(
+                f"no upstream for the {self.api.name} API: set {self.setting} to the real "
+                "model's base URL"
+            )
+        kept = [
+            part
+            for part in query.split("&")
+            if part and unquote_plus(part.partition("=")[0]) not in self.api.drop_query
+        ]
+        return self.base_url.rstrip("/") + path + ("?" + "&".join(kept) if kept else "")
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+    def _headers(self, inbound: Inbound | None) -> dict[str, str]:
+        api = self.api
+        out = dict(api.default_headers)
+        given = inbound.headers if inbound is not None else {}
+        for name in api.pass_headers:
+            value = given.get(name)
+            if value is not None:
+                out[name] = value
+        if self.api_key:
+            out[api.key_header] = api.key_prefix + self.api_key
+        return out
 
-    def post(self, adapter: WireAdapter, payload: Mapping[str, Any], stream: bool) -> Exchange:
-        """POST ``payload`` to the adapter's path; the answer's body is left to read.
+    def post(
+        self,
+        adapter: WireAdapter,
+        payload: Mapping[str, Any],
+        stream: bool,
+        inbound: Inbound | None = None,
+    ) -> Exchange:
+        """POST ``payload`` to the request's path (the adapter's, without ``inbound``);
+        the answer's body is left to read.
 
         :raises GateNotConfigured: no upstream is configured.
         :raises UpstreamError: unreachable (502), timed out (504), or an error
             status (relayed with its status; its body when it is the API's error).
         """
-        url = self.url(adapter.path)
+        if inbound is None:
+            inbound = Inbound(adapter.path)
+        url = self.url(inbound.path, inbound.query)
         deadline = self.monotonic() + self.timeout_s
         accept = {"Accept": adapter.framing.content_type} if stream else {}
         try:
             resp = self.session.post(
                 url,
                 json=payload,
-                headers={**self._headers(), **accept},
+                headers={**self._headers(inbound), **accept},
                 timeout=(min(self.timeout_s, CONNECT_S), self.timeout_s),
                 allow_redirects=False,
                 stream=True,  # always: the body is read under the exchange's deadline
@@ -216,17 +256,18 @@ class Upstream:
             )
         return exchange
 
-    def get_json(self, adapter: WireAdapter, path: str) -> Any:
-        """GET ``path``: its JSON when it answers 200, else None.
+    def get_json(self, adapter: WireAdapter, path: str, inbound: Inbound | None = None) -> Any:
+        """GET ``path`` (with ``inbound``'s query and version headers): its JSON
+        when it answers 200, else None.
 
         :raises GateNotConfigured: no upstream is configured.
         :raises UpstreamError: it cannot be reached (502).
         """
-        url = self.url(path)
+        url = self.url(path, inbound.query if inbound is not None else "")
         try:
             resp = self.session.get(
                 url,
-                headers=self._headers(),
+                headers=self._headers(inbound),
                 timeout=(LIST_CONNECT_S, min(self.timeout_s, LIST_READ_S)),
                 allow_redirects=False,
             )

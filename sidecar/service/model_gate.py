@@ -59,6 +59,7 @@ from sidecar.gate.wire.base import (
     Final,
     Frame,
     Held,
+    Inbound,
     NotThisAnswer,
     Passed,
     Proposal,
@@ -119,6 +120,7 @@ class _Turn:
     model: str
     stream: bool
     record: TurnRecord
+    inbound: Inbound | None = None
     ns: str | None = None
     task_id: str | None = None
     price: cost.Price | None = None
@@ -148,13 +150,39 @@ class ModelGate:
         self.tasks = tasks
         self.clock = clock
         self.settings = settings or tasks.settings
-        key = environ.get(config.api_key_env or "", "") or None
-        self.upstream = Upstream(session, config.upstream_url, key, config.timeout_s)
+        self.session = session
+        self.environ = environ
+        self._upstreams: dict[str, Upstream] = {}
+
+    def upstream(self, adapter: WireAdapter) -> Upstream:
+        """The upstream of the adapter's API (``model_gate.upstreams.<api>``), made
+        on first use; one with no URL when the API has none (it raises
+        :class:`~sidecar.errors.GateNotConfigured` when used)."""
+        api = adapter.api
+        found = self._upstreams.get(api.name)
+        if found is None:
+            entry = self.config.upstream(api.name)
+            key = None
+            if entry is not None and entry.api_key_env:
+                key = self.environ.get(entry.api_key_env) or None
+            setting = f"model_gate.upstreams.{api.name}.url"
+            if api.name == "openai":
+                setting = f"model_gate.upstream_url (or {setting})"
+            found = Upstream(
+                self.session,
+                entry.url if entry else None,
+                key,
+                self.config.timeout_s,
+                api=api,
+                setting=setting,
+            )
+            self._upstreams[api.name] = found
+        return found
 
     def _stamp(self) -> Stamp:
         return Stamp(int(self.clock()), secrets.token_hex(12))
 
-    def models(self, adapter: WireAdapter) -> dict[str, Any]:
+    def models(self, adapter: WireAdapter, inbound: Inbound | None = None) -> dict[str, Any]:
         """The upstream's model list (n8n's credential test and model picker), or the
         configured default model when the upstream answers but cannot list.
 
@@ -163,7 +191,7 @@ class ModelGate:
         :raises UpstreamError: the upstream cannot be reached (502): the test
             fails as every turn would.
         """
-        listed = self.upstream.get_json(adapter, adapter.models_path)
+        listed = self.upstream(adapter).get_json(adapter, adapter.models_path, inbound)
         return adapter.model_list(listed, self.config.default_model or "loopstop-gate")
 
     # -- the task --------------------------------------------------------------------
@@ -292,10 +320,13 @@ class ModelGate:
         principal: Principal,
         body: dict[str, Any],
         route: Mapping[str, str] | None = None,
+        inbound: Inbound | None = None,
     ) -> GateAnswer:
         """Serve one model request in ``adapter``'s wire format, streamed or not.
 
         :param route: the path's parameters (a model or deployment named in the path).
+        :param inbound: the request's path, query and headers to forward (None: the
+            adapter's path, no query, no header).
         :raises MalformedRequest: the body is not the API's shape, names no
             task (unless untracked requests are allowed), or its task lines are wrong.
         :raises NotFound: the task line names no task.
@@ -304,14 +335,14 @@ class ModelGate:
             the API's error shape (a failure mid-stream is an error event instead).
         """
         adapter.validate(body)
-        self.upstream.url("")  # a misconfigured gate admits nothing
+        self.upstream(adapter).url("")  # a misconfigured gate admits nothing
         stream = adapter.streaming(body)
         model = adapter.model(body, route or {}) or self.config.default_model or ""
         lines = task_lines(adapter.system_texts(body))
         record = TurnRecord(
             TurnDecision.UNTRACKED, None, None, adapter.name, stream, lines.execution
         )
-        turn = _Turn(adapter, principal, body, model, stream, record)
+        turn = _Turn(adapter, principal, body, model, stream, record, inbound)
         task = self._find_task(turn, lines)
         record.task_id = turn.task_id
         if turn.task_id is None or turn.ns is None:
@@ -401,7 +432,7 @@ class ModelGate:
         adapter = turn.adapter
         payload = adapter.forward_payload(body, turn.model)
         try:
-            exchange = self.upstream.post(adapter, payload, turn.stream)
+            exchange = self.upstream(adapter).post(adapter, payload, turn.stream, turn.inbound)
         except UpstreamError as exc:
             turn.record.upstream_status = exc.status
             turn.record.upstream_failed(str(exc.status))

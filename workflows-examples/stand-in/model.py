@@ -74,9 +74,9 @@ TEXT_PARTS = ["FINAL ", "ans", "wer"]
 
 class FakeLLM:
     """The stand-in's state: its ``mode``, its ``api`` (``openai`` or ``gemini``)
-    and every request it was sent (a POST's body, path and query and
-    Authorization header; a GET's path and query in ``gets``; the headers of
-    both, lower-cased, in ``headers``); ``base`` is its ``.../v1`` address once
+    and every request it was sent (a POST's body, path and query,
+    Authorization header and all its headers, names in lower case; a GET's
+    path and headers in ``lists``); ``base`` is its ``.../v1`` address once
     served, ``root`` its address without a path (Gemini's Host)."""
 
     def __init__(self) -> None:
@@ -86,7 +86,8 @@ class FakeLLM:
         self.paths: list[str] = []
         self.auth: list[str | None] = []
         self.headers: list[dict[str, str]] = []
-        self.gets: list[str] = []
+        #: the path and headers of every model list request (``GET``)
+        self.lists: list[tuple[str, dict[str, str]]] = []
         self.base = ""
         self.root = ""
         self.hold: threading.Event | None = None
@@ -386,11 +387,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
         disable_nagle_algorithm = True  # each event leaves at once (no 40 ms delayed-ACK stalls)
 
         def do_GET(self) -> None:
-            llm.gets.append(self.path)
-            llm.headers.append({k.lower(): v for k, v in self.headers.items()})
-            if llm.api == "gemini" and self.path.split("?")[0].endswith("/models"):
+            llm.lists.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            if llm.api == "gemini" and self.path.partition("?")[0].endswith("/models"):
                 return self._json(200, gemini_models())
-            if self.path.endswith("/models"):
+            if self.path.partition("?")[0].endswith("/models"):
                 return self._json(
                     200,
                     {
@@ -493,8 +493,9 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 time.sleep(2)
             if llm.api == "gemini":
                 return self._gemini(req)
-            responses = self.path.endswith("/responses")
-            if not responses and not self.path.endswith("/chat/completions"):
+            path = self.path.partition("?")[0]
+            responses = path.endswith("/responses")
+            if not responses and not path.endswith("/chat/completions"):
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
             if req.get("stream"):
                 events = responses_events(llm, req) if responses else chat_events(llm, req)

@@ -5,15 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.errors import MalformedRequest
-from sidecar.gate.wire.base import Framing, Usage, sse
-
-
-def bad(field_path: str, msg: str) -> MalformedRequest:
-    """A 400 naming the dotted ``field_path`` of the body."""
-    return MalformedRequest(
-        f"{field_path}: {msg}", errors=[{"loc": ["body", *field_path.split(".")], "msg": msg}]
-    )
+from sidecar.gate.wire.base import OPENAI, Framing, Usage, bad, sse
 
 
 def validate_common(body: Mapping[str, Any]) -> None:
@@ -115,6 +107,7 @@ def model_list(listed: Any, default_model: str) -> dict[str, Any]:
 class OpenAIBase:
     """The members both OpenAI adapters share."""
 
+    api = OPENAI
     framing = Framing.SSE
     models_path = "/models"
 

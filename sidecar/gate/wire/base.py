@@ -12,6 +12,11 @@ values: text passed on as it arrives, tool-call fragments held until the
 proposal is decided, the turn's final proposals and usage, or the
 upstream's own error event.
 
+Each adapter names its :class:`Api` (``api``): which
+``model_gate.upstreams`` entry it is forwarded to, the header the real key
+goes in, the request headers passed on unchanged, and where the agent's
+loopstop token is read from; the service reads these and never the format.
+
 Where an API gives calls no id (Gemini), the adapter names each proposal
 by its place in the conversation (``call_id``), the same name the call gets
 when the agent sends it back, so its output is matched to it.
@@ -25,11 +30,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 from sidecar.canonical import canonical_json
+from sidecar.errors import MalformedRequest
 
 #: Characters per token of the estimate used when the upstream reports no
 #: usage (a cut stream): the usual 4 characters of English per token.
@@ -46,6 +52,69 @@ class Framing(StrEnum):
     def content_type(self) -> str:
         """The media type an upstream answering a stream request must send."""
         return "text/event-stream" if self is Framing.SSE else "application/x-ndjson"
+
+
+@dataclass(frozen=True)
+class TokenFrom:
+    """Where a client of an API puts its key (the gate reads a loopstop token there).
+
+    :ivar header: a header name (``x-api-key``), ``""`` when it is a query parameter.
+    :ivar bearer: the header's value is ``Bearer <token>`` (RFC 6750).
+    :ivar query: a query parameter's name (Gemini's ``key``), ``""`` when a header.
+    """
+
+    header: str = ""
+    bearer: bool = False
+    query: str = ""
+
+    def describe(self) -> str:
+        """How a client sends it, for the 401's text (``x-api-key: <token>``)."""
+        if self.query:
+            return f"the {self.query} query parameter"
+        return f"{self.header}: Bearer <token>" if self.bearer else f"{self.header}: <token>"
+
+
+#: ``Authorization: Bearer <token>`` (OpenAI's clients; every other loopstop route).
+BEARER = TokenFrom("Authorization", bearer=True)
+
+
+@dataclass(frozen=True)
+class Api:
+    """How one API is reached and authenticated (DESIGN §5, the node table).
+
+    :ivar name: its entry under ``model_gate.upstreams`` and its route prefix
+        (``/v1/<name>``).
+    :ivar key_header: the header the upstream's real key is sent in.
+    :ivar key_prefix: what stands before the key in it (``"Bearer "``).
+    :ivar pass_headers: request headers forwarded unchanged (version headers;
+        names in lower case).
+    :ivar default_headers: sent when the request did not send them.
+    :ivar token_from: where the agent's loopstop token is read, in order.
+    :ivar drop_query: query parameters never forwarded (a key in the query).
+    """
+
+    name: str
+    key_header: str
+    key_prefix: str = ""
+    pass_headers: tuple[str, ...] = ()
+    default_headers: tuple[tuple[str, str], ...] = ()
+    token_from: tuple[TokenFrom, ...] = (BEARER,)
+    drop_query: tuple[str, ...] = ()
+
+
+#: OpenAI's API: the key as a bearer token.
+OPENAI = Api("openai", "Authorization", "Bearer ")
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """What of the agent's request is forwarded besides its body: the path below
+    the API's prefix, the query string (raw), and its headers, their names in
+    lower case (only the API's ``pass_headers`` are read from them)."""
+
+    path: str
+    query: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -190,13 +259,15 @@ class WireAdapter(Protocol):
     """One wire format the gate speaks (every method pure).
 
     :ivar name: the API's name in the decision log (``chat``, ``responses``).
-    :ivar path: the upstream path a turn is forwarded to.
+    :ivar api: the API it belongs to (its upstream, key header and token headers).
+    :ivar path: the path of its turns, below the API's prefix (forwarded as is).
     :ivar framing: how its streams are framed.
     :ivar system_where: where its System Message stands (for the 400 naming no task).
     :ivar models_path: the upstream path listing models.
     """
 
     name: str
+    api: Api
     path: str
     framing: Framing
     system_where: str
@@ -289,6 +360,13 @@ class WireAdapter(Protocol):
     def model_list(self, listed: Any, default_model: str) -> dict[str, Any]:
         """The model list to answer: the upstream's when it is one, else ``default_model``."""
         ...
+
+
+def bad(field_path: str, msg: str) -> MalformedRequest:
+    """A 400 naming the dotted ``field_path`` of the body."""
+    return MalformedRequest(
+        f"{field_path}: {msg}", errors=[{"loc": ["body", *field_path.split(".")], "msg": msg}]
+    )
 
 
 def parse_args(raw: Any) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sidecar.gate.wire import _openai
-from sidecar.gate.wire._openai import OpenAIBase, bad
+from sidecar.gate.wire._openai import OpenAIBase
 from sidecar.gate.wire.base import (
     Answer,
     ErrorEvent,
@@ -30,6 +30,7 @@ from sidecar.gate.wire.base import (
     StreamEvent,
     ToolOutput,
     Usage,
+    bad,
     json_frame,
     parse_args,
     sse,
