@@ -22,7 +22,13 @@ from sidecar.api.body import read_json_object
 from sidecar.api.decisions import log_decision
 from sidecar.core.tasks import TurnDecision
 from sidecar.errors import UpstreamError
-from sidecar.gate.wire import OPENAI_CHAT, OPENAI_RESPONSES, WireAdapter
+from sidecar.gate.wire import (
+    GEMINI_GENERATE,
+    GEMINI_STREAM,
+    OPENAI_CHAT,
+    OPENAI_RESPONSES,
+    WireAdapter,
+)
 from sidecar.gate.wire.base import BEARER, Inbound, TokenFrom
 from sidecar.runtime import runtime
 from sidecar.service.model_gate import GateAnswer, TurnRecord
@@ -49,6 +55,12 @@ ROUTES: dict[str, tuple[Route, ...]] = {
         Route("POST", "/responses", "responses", OPENAI_RESPONSES),
         Route("GET", "/models", "models", OPENAI_CHAT),
     ),
+    # n8n's Google Gemini Chat Model: its Host is <sidecar>/v1/gemini.
+    "/v1/gemini": (
+        Route("POST", GEMINI_GENERATE.path, "generate_content", GEMINI_GENERATE),
+        Route("POST", GEMINI_STREAM.path, "stream_generate_content", GEMINI_STREAM),
+        Route("GET", "/<any(v1beta, v1):version>/models", "models", GEMINI_GENERATE),
+    ),
 }
 
 
@@ -67,10 +79,11 @@ def token_sources(path: str) -> tuple[TokenFrom, ...]:
 
 
 def _inbound() -> Inbound:
-    """The request's path below its prefix, its raw query and its headers."""
+    """The request's path below its prefix (a doubled slash after the prefix made
+    one: a base URL that ends in ``/``), its raw query and its headers."""
     prefix = _prefix_of(request.path) or ""
     return Inbound(
-        request.path[len(prefix) :],
+        "/" + request.path[len(prefix) :].lstrip("/"),
         request.query_string.decode("utf-8", "replace"),
         lower_headers(),
     )
@@ -153,3 +166,13 @@ for _prefix, _routes in ROUTES.items():
     for _r in _routes:
         _view = _turn_view(_r.adapter) if _r.method == "POST" else _list_view(_r.adapter)
         bp.add_url_rule(_prefix + _r.path, f"{_api}_{_r.endpoint}", _view, methods=[_r.method])
+        # A client joining a base URL that ends in "/" sends "<prefix>//<path>" (n8n's
+        # Gemini and Azure nodes do): served as is, not redirected (a 308 a client
+        # may not follow with its POST body).
+        bp.add_url_rule(
+            _prefix + "/" + _r.path,
+            f"{_api}_{_r.endpoint}_slash",
+            _view,
+            methods=[_r.method],
+            merge_slashes=False,
+        )

@@ -34,9 +34,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sidecar.errors import MalformedRequest
 from sidecar.gate.wire.base import (
     Answer,
+    Api,
     ErrorEvent,
     Final,
     Frame,
@@ -48,8 +48,10 @@ from sidecar.gate.wire.base import (
     Stamp,
     StreamBroken,
     StreamEvent,
+    TokenFrom,
     ToolOutput,
     Usage,
+    bad,
     json_frame,
     parse_args,
     sse,
@@ -76,11 +78,15 @@ STATUS_OF = {
 HTTP_OF = {"timeout": 504}
 
 
-def bad(field_path: str, msg: str) -> MalformedRequest:
-    """A 400 naming the dotted ``field_path`` of the body."""
-    return MalformedRequest(
-        f"{field_path}: {msg}", errors=[{"loc": ["body", *field_path.split(".")], "msg": msg}]
-    )
+#: Google's Gemini API: the key in ``x-goog-api-key``; n8n's node sends it there on
+#: a turn and as ``?key=`` on the model list (its credential test), where the
+#: loopstop token is read too and never forwarded.
+GEMINI = Api(
+    "gemini",
+    "x-goog-api-key",
+    token_from=(TokenFrom("x-goog-api-key"), TokenFrom(query="key")),
+    drop_query=("key",),
+)
 
 
 def _snake(name: str) -> str:
@@ -272,6 +278,7 @@ class Gemini:
     :ivar method: the method in the path (``models/{model}:{method}``).
     """
 
+    api = GEMINI
     framing = Framing.SSE
     system_where = "systemInstruction"
     models_path = "/v1beta/models"
@@ -280,7 +287,8 @@ class Gemini:
         self.stream = stream
         self.method = "streamGenerateContent" if stream else "generateContent"
         self.name = "gemini_stream" if stream else "gemini"
-        self.path = f"/v1beta/models/{{model}}:{self.method}"
+        #: the route below ``/v1/gemini`` (the request's own path is forwarded)
+        self.path = f"/<any(v1beta, v1):version>/models/<model>:{self.method}"
 
     def validate(self, body: Mapping[str, Any]) -> None:
         """``contents`` (a non-empty list of contents, each with a list of part
