@@ -43,7 +43,9 @@ def _body(key: str, calls: int) -> dict[str, Any]:
     history: list[dict[str, Any]] = []
     for n in range(calls):
         args = {"q": "again", "id": f"00000000-0000-4000-8000-{n:012d}"}
-        history.append({"role": "model", "parts": [{"functionCall": {"name": "echo", "args": args}}]})
+        history.append(
+            {"role": "model", "parts": [{"functionCall": {"name": "echo", "args": args}}]}
+        )
         history.append(
             {
                 "role": "user",
@@ -93,7 +95,9 @@ def main(turns: int) -> None:
             f"model gate, Gemini generateContent, {turns} turns per case, SQLite store, "
             f"stand-in upstream on loopback; load average {load} on {os.cpu_count()} CPUs"
         )
-        print(f"{'case':30} {'upstream p50':>12} {'gate p50':>9} {'added p50':>10} {'added p90':>10}")
+        print(
+            f"{'case':30} {'upstream p50':>12} {'gate p50':>9} {'added p50':>10} {'added p90':>10}"
+        )
         for mode in ("final", "tool_call"):
             llm.mode = mode
             own, through = [], []
