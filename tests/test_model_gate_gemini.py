@@ -304,6 +304,10 @@ def test_the_credential_test_lists_models_and_never_forwards_the_key(
         == 401
     )
     assert requests.get(gate.host + "/v1beta/models", timeout=10).status_code == 401
+    r = requests.get(
+        gate.host + "//v1/models", params={"key": N8N_TOKEN, "pageSize": 5}, timeout=10
+    )
+    assert r.status_code == 200 and llm.lists[-1][0] == "/v1/models?pageSize=5"  # as it came
     never_forwarded(llm)
 
 
