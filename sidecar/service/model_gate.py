@@ -198,7 +198,8 @@ class ModelGate:
         :raises UpstreamError: the upstream cannot be reached (502): the test
             fails as every turn would.
         """
-        listed = self.upstream(adapter).get_json(adapter, adapter.models_path, inbound)
+        path = inbound.path if inbound is not None else adapter.models_path
+        listed = self.upstream(adapter).get_json(adapter, path, inbound)
         return adapter.model_list(listed, self.config.default_model or "loopstop-gate")
 
     # -- the task --------------------------------------------------------------------

@@ -17,7 +17,7 @@ Each adapter names its :class:`Api` (``api``): which
 goes in, the request headers passed on unchanged, and where the agent's
 loopstop token is read from; the service reads these and never the format.
 
-An API that gives calls no id (Ollama) has its adapter number the
+An API that gives calls no id (Ollama, Gemini) has its adapter number the
 proposals by their position in the conversation (``number_calls``), and
 read the tool outputs coming back by the same numbers (``tool_outputs``).
 
