@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gate_apis
 import pytest
 import requests
 import sseclient
@@ -40,7 +41,12 @@ def llm() -> Iterator[FakeLLM]:
 
 
 def gate_app(make_app: AppFactory, llm: FakeLLM, **config: Any) -> Flask:
-    gate = {**GATE, "upstream_url": llm.base, **config.pop("model_gate", {})}
+    gate = {
+        **GATE,
+        "upstream_url": llm.base,
+        "upstreams": gate_apis.upstreams(llm),
+        **config.pop("model_gate", {}),
+    }
     return make_app(model_gate=gate, environ={"UPSTREAM_KEY": "sk-upstream-secret"}, **config)
 
 
@@ -87,8 +93,15 @@ def responses_request(task_id: str | None, **extra: Any) -> dict[str, Any]:
 
 
 def build(which: str, task_id: str | None, **extra: Any) -> tuple[str, dict[str, Any]]:
+    """A turn's path and body in ``which`` (``chat``, ``responses`` or one of
+    :data:`gate_apis.OTHER`)."""
     if which == "chat":
         return CHAT, request(task_id, **extra)
+    if which in gate_apis.OTHER:
+        stream_it = bool(extra.pop("stream", False))
+        system = system_text(task_id, extra.pop("system_extra", ""))
+        chat_body = request(task_id, stream=stream_it, **extra) if which == "azure" else {}
+        return gate_apis.build(which, system, stream_it, chat_body, **extra)
     return RESPONSES, responses_request(task_id, **extra)
 
 
@@ -683,6 +696,8 @@ PRICED = {"prices": {"fake-model": {"input_per_mtok": 0, "output_per_mtok": 1_00
 
 def _money_body(which: str) -> dict[str, Any]:
     # Each turn allows at most 5 output tokens: its reservation is 5.
+    if which in gate_apis.OTHER:
+        return gate_apis.money_body(which, 5)
     return {"max_tokens": 5} if which == "chat" else {"max_output_tokens": 5}
 
 
@@ -995,6 +1010,8 @@ def test_the_offline_walk_through_ends_a_looping_model(tmp_path: Path) -> None:
 # -- a hostile upstream (attack items 3-15) --------------------------------------------------------
 
 STREAMS = [False, True]
+#: Every API the gate speaks, each through its own adapter.
+EVERY_API = [*APIS, *gate_apis.OTHER]
 
 
 def ask(
@@ -1003,6 +1020,8 @@ def ask(
     """One turn, streamed or not: the status, the assistant text, the call ids that
     reached the agent, and the answer (its body, or its events)."""
     path, body = build(which, task_id, stream=stream_it, **extra)
+    if which in gate_apis.OTHER:
+        return gate_apis.ask(api, which, stream_it, path, body)
     if not stream_it:
         status, out = api.post(path, body)
         if status != 200:
@@ -1033,19 +1052,27 @@ def ends_with_error(which: str, events: list[sseclient.Event], code: str) -> Non
 
 
 @pytest.mark.parametrize("stream_it", STREAMS)
-@pytest.mark.parametrize("which", APIS)
+@pytest.mark.parametrize("which", EVERY_API)
 def test_item3_a_call_id_repeated_in_one_proposal_is_one_call(
     api: Api, llm: FakeLLM, which: str, stream_it: bool
 ) -> None:
     """Attack item 3: 5 copies of one call (same id and arguments) in one proposal,
     max_tool_calls 3, max_same_call 2: no copy reaches the agent, the repeat is a
-    denied duplicate and counted (2 calls), the task goes on."""
+    denied duplicate and counted (2 calls), the task goes on.
+
+    An API without call ids (Gemini, Ollama) cannot repeat one: the gate numbers
+    the 5 copies apart, so they are 5 identical calls, and the identical-call
+    rule ends the task at the third (2 counted); nothing reaches the agent either way."""
     a = Agent(api, limits={"max_tool_calls": 3, "max_same_call": 2})
     llm.mode = "repeat_call"
     status, text, ids, _ = ask(api, which, stream_it, a.id)
-    assert status == 200 and ids == [] and "duplicate_call" in text
+    assert status == 200 and ids == []
     assert used(api, a.id)["tool_calls"] == 2
-    assert api.get(a.base)[1]["envelope"] is None
+    envelope = api.get(a.base)[1]["envelope"]
+    if which in gate_apis.ID_LESS:
+        assert "partial (same_call)" in text and envelope["reason"] == "same_call"
+    else:
+        assert "duplicate_call" in text and envelope is None
 
 
 @pytest.mark.parametrize("stream_it", STREAMS)
@@ -1210,7 +1237,7 @@ def test_item6_a_request_whose_cost_is_held_upstream_is_refused_under_a_money_bu
     assert turn(api, "responses", Agent(api).id, previous_response_id="resp_1")[0] == 200
 
 
-@pytest.mark.parametrize("which", APIS)
+@pytest.mark.parametrize("which", EVERY_API)
 def test_item6_a_turn_that_costs_past_the_budget_ends_the_task_and_names_the_overshoot(
     make_app: AppFactory, llm: FakeLLM, which: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1307,14 +1334,24 @@ def test_item13_a_chat_chunk_with_error_null_is_no_error(
 
 
 @pytest.mark.parametrize("stream_it", STREAMS)
-@pytest.mark.parametrize("which", APIS)
-@pytest.mark.parametrize("mode", ["empty_id", "unoffered"])
+@pytest.mark.parametrize(
+    ("which", "mode"),
+    [
+        *(
+            (w, m)
+            for w in EVERY_API
+            if w not in gate_apis.ID_LESS
+            for m in ("empty_id", "unoffered")
+        ),
+        *((w, "unoffered") for w in gate_apis.ID_LESS),  # the gate names their calls
+    ],
+)
 def test_item14_a_call_without_id_or_of_a_tool_not_offered_ends_the_task_invalid_call(
     api: Api, llm: FakeLLM, which: str, stream_it: bool, mode: str
 ) -> None:
     """Attack item 14 and DESIGN §5: a call whose id is empty, or that names a tool
     the request did not offer, is never relayed: the task ends blocked, invalid_call
-    (nothing left pending)."""
+    (nothing left pending). In every API, through its adapter."""
     a = Agent(api)
     llm.mode = mode
     status, text, ids, _ = ask(api, which, stream_it, a.id)
