@@ -201,8 +201,9 @@ class GeminiStream:
     """Reads a Gemini stream: chunks of text pass (written again as one
     ``data:`` line each), the ``functionCall`` parts of a chunk are held in a
     chunk of their own, a chunk with an ``error`` member is the upstream's
-    error (``"error": null`` is none); the stream's end closes the turn with the
-    calls (in order, numbered by :meth:`Gemini.number_calls`) and the last usage."""
+    error (``"error": null`` is none, and dropped from the chunk relayed); the
+    stream's end closes the turn with the calls (in order, numbered by
+    :meth:`Gemini.number_calls`) and the last usage."""
 
     def __init__(self) -> None:
         self.proposals: list[Proposal] = []
@@ -215,6 +216,7 @@ class GeminiStream:
         chunk = json_frame(frame)
         if chunk.get("error") is not None:
             return [ErrorEvent(sse(chunk))]
+        chunk.pop("error", None)  # null: no error, and not relayed (Google's clients test the key)
         self.base = chunk
         if chunk.get("usageMetadata") is not None:
             self.usage = chunk["usageMetadata"]

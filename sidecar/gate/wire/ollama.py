@@ -5,7 +5,8 @@ message; tool outputs are ``role: "tool"`` messages), proposals in
 ``message.tool_calls`` (``function.arguments`` is an object, not a string)
 and usage as ``prompt_eval_count + eval_count``. A stream is one JSON
 object per line, ending at the first ``done: true`` line; a line with an
-``error`` member is the upstream's error (the client raises it).
+``error`` member that is not null is the upstream's error (the client
+raises it); a null one is dropped from the line relayed.
 
 The API gives calls no id, and n8n's echo of an earlier call carries an id
 of LangChain's own (its tool messages carry none): the adapter numbers the
@@ -152,6 +153,10 @@ class OllamaStream:
         data = json_frame(frame)
         if data.get("error") is not None:  # ``"error": null`` is no error
             return [ErrorEvent(frame.data.encode() + b"\n")]
+        raw = frame.data.encode() + b"\n"
+        if "error" in data:  # null: not relayed either (a client may test for the key)
+            data = {k: v for k, v in data.items() if k != "error"}
+            raw = line(data)
         self.base = self.base or data
         message = data.get("message")
         message = message if isinstance(message, dict) else {}
@@ -163,7 +168,6 @@ class OllamaStream:
         chars = sum(
             len(message[k]) for k in ("content", "thinking") if isinstance(message.get(k), str)
         )
-        raw = frame.data.encode() + b"\n"
         return [Held(raw, chars) if calls else Passed(raw, chars)]
 
     def end(self) -> Final:
