@@ -407,7 +407,7 @@ def test_a_malformed_gate_proposal_ends_the_task_invalid_call(make_app: AppFacto
     the task blocked, invalid_call, and the task's HTTP view shows it."""
     from sidecar.auth import Principal
     from sidecar.core.tasks import CallFlaw, CallKind
-    from sidecar.service.tasks import CallInput
+    from sidecar.service.task_inputs import CallInput
 
     app = make_app()
     api = Api(app.test_client())

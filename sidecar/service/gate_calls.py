@@ -32,7 +32,8 @@ from sidecar.core.tasks import (
 from sidecar.errors import NotFound, StateConflict
 from sidecar.gate.wire.base import Proposal, ToolOutput
 from sidecar.service.messages import final_message, message
-from sidecar.service.tasks import CallInput, TaskService
+from sidecar.service.task_inputs import CallInput
+from sidecar.service.tasks import TaskService
 
 
 @dataclass

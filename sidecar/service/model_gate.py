@@ -72,7 +72,8 @@ from sidecar.outbound.upstream import Exchange, Upstream
 from sidecar.service.gate_calls import GateCalls
 from sidecar.service.gate_money import GateMoney
 from sidecar.service.messages import WRAP_UP_MESSAGE, final_message
-from sidecar.service.tasks import CreateInput, TaskService
+from sidecar.service.task_inputs import CreateInput
+from sidecar.service.tasks import TaskService
 
 log = logging.getLogger(__name__)
 
