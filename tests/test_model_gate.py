@@ -100,8 +100,11 @@ def build(which: str, task_id: str | None, **extra: Any) -> tuple[str, dict[str,
     if which in gate_apis.OTHER:
         stream_it = bool(extra.pop("stream", False))
         system = system_text(task_id, extra.pop("system_extra", ""))
-        chat_body = request(task_id, stream=stream_it, **extra) if which == "azure" else {}
-        return gate_apis.build(which, system, stream_it, chat_body, **extra)
+        if which == "azure":
+            return gate_apis.build(
+                which, system, stream_it, request(task_id, stream=stream_it, **extra)
+            )
+        return gate_apis.build(which, system, stream_it, {}, **extra)
     return RESPONSES, responses_request(task_id, **extra)
 
 
@@ -1265,6 +1268,72 @@ def test_item6_a_priced_request_without_output_limit_is_sent_the_reserved_one(
     assert turn(api, "responses", Agent(api, limits={"max_cost": 10_000}).id)[0] == 200
     assert llm.requests[0]["max_completion_tokens"] == 4096
     assert llm.requests[1]["max_output_tokens"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("which", "field"),
+    [
+        ("anthropic", "max_tokens"),
+        ("gemini", "generationConfig.maxOutputTokens"),
+        ("ollama", "options.num_predict"),
+        ("azure", "max_completion_tokens"),
+    ],
+)
+def test_item6_every_api_is_sent_the_reserved_output_limit_in_its_own_field(
+    make_app: AppFactory, llm: FakeLLM, which: str, field: str
+) -> None:
+    """Attack item 6 through each adapter: a priced request that sets no limit (an
+    Anthropic body without max_tokens, Ollama's -1) is sent the reserved 4096."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    llm.mode = "final"
+    unset = {"anthropic": {"max_tokens": None}, "ollama": {"options": {"num_predict": -1}}}
+    a = Agent(api, limits={"max_cost": 10_000})
+    assert ask(api, which, False, a.id, **unset.get(which, {}))[1] == "FINAL answer"
+    sent: Any = llm.requests[-1]
+    for key in field.split("."):
+        sent = sent[key]
+    assert sent == 4096
+    assert used(api, a.id)["cost"] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("which", "extra", "loc"),
+    [
+        ("anthropic", {"container": "container_1"}, ["container"]),
+        (
+            "anthropic",
+            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            ["tools", "0", "type"],
+        ),
+        ("gemini", {"cachedContent": "cachedContents/1"}, ["cachedContent"]),
+        ("gemini", {"tools": [{"googleSearch": {}}]}, ["tools", "0", "googleSearch"]),
+        (
+            "azure",
+            {
+                "history": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "https://e/a.png"}}],
+                    }
+                ]
+            },
+            ["messages", "2", "content", "0"],
+        ),
+    ],
+)
+def test_item6_a_cost_no_request_bounds_is_refused_under_a_money_budget_in_every_api(
+    make_app: AppFactory, llm: FakeLLM, which: str, extra: dict[str, Any], loc: list[str]
+) -> None:
+    """Attack item 6 through each adapter: context held upstream, a tool the provider
+    runs and bills, media by URL: a 422 naming the field, nothing forwarded or
+    counted; without a money budget the turn goes on."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 1000})
+    status, _, _, out = ask(api, which, False, a.id, **extra)
+    assert status == 422 and out["errors"][0]["loc"] == ["body", *loc]
+    assert llm.requests == [] and used(api, a.id)["model_calls"] == 0
+    llm.mode = "final"
+    assert ask(api, which, False, Agent(api).id, **extra)[0] == 200
 
 
 @pytest.mark.parametrize("which", APIS)
