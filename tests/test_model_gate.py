@@ -1431,20 +1431,28 @@ def test_item14_a_call_without_id_or_of_a_tool_not_offered_ends_the_task_invalid
 
 @pytest.mark.parametrize("stream_it", STREAMS)
 @pytest.mark.parametrize("gzip_it", [False, True])
+@pytest.mark.parametrize("which", ["chat", *gate_apis.OTHER])
 def test_item15_an_answer_past_max_answer_bytes_is_a_502_and_counted(
-    make_app: AppFactory, llm: FakeLLM, stream_it: bool, gzip_it: bool
+    make_app: AppFactory, llm: FakeLLM, which: str, stream_it: bool, gzip_it: bool
 ) -> None:
     """Attack item 15: an answer bigger than model_gate.max_answer_bytes (counted
     decompressed) is a 502 in the API's shape (streamed: an error event), the turn
-    counted."""
+    counted; in every API."""
     api = Api(gate_app(make_app, llm, model_gate={"max_answer_bytes": 1 << 20}).test_client())
     a = Agent(api)
     llm.mode, llm.big_bytes, llm.gzip = "big", 3 << 20, gzip_it
-    status, _, _, out = ask(api, "chat", stream_it, a.id)
-    if stream_it:
+    status, _, _, out = ask(api, which, stream_it, a.id)
+    if which == "chat" and stream_it:
         assert status == 200
         ends_with_error("chat", out, "answer_too_large")
-    else:
+    elif which == "chat":
         assert status == 502 and out["error"]["code"] == "answer_too_large"
+    elif stream_it:  # the last event is the API's error, naming the bound
+        last = out[-1]
+        assert (
+            status == 200 and "error" in json.dumps(last) and "max_answer_bytes" in json.dumps(last)
+        )
+    else:
+        assert status == 502 and "max_answer_bytes" in json.dumps(out)
     spent = used(api, a.id)
     assert spent["model_calls"] == 1 and spent["tokens"] > 0
