@@ -252,8 +252,10 @@ class ModelGateConfig(_Section):
 
     ``upstream_url`` / ``api_key_env`` are the ``openai`` entry of
     ``upstreams`` as first written (setting both is a configuration error).
-    ``max_output_tokens`` is the output a turn is assumed to allow when its
-    request names no limit (the worst case a money budget reserves).
+    ``max_output_tokens`` is the output limit of a priced model's turn whose
+    request names none: reserved as its worst case, and sent upstream as its
+    limit. ``max_answer_bytes`` bounds an upstream answer, decompressed
+    (a bigger one is a ``502`` in the API's shape, or an error event).
     """
 
     upstream_url: str | None = None
@@ -265,6 +267,7 @@ class ModelGateConfig(_Section):
     currency: Annotated[str, Field(min_length=1, max_length=10)] = "USD"
     prices: dict[str, ModelPrice] = {}
     max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = 4096
+    max_answer_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 8 << 20
 
     def upstream(self, api: str) -> UpstreamConfig | None:
         """The upstream of ``api`` (an ``upstreams`` field name), None when it has none;

@@ -76,7 +76,7 @@ class Agent:
 
     def call(
         self, tool: str, args: Any = None, kind: str = "read", op: str | None = None,
-        call_id: str | None = None,
+        call_id: str | None = None, flaw: core.CallFlaw | None = None,
     ) -> core.ToolOutcome:  # fmt: skip
         self.calls += 1
         begin = None
@@ -84,7 +84,7 @@ class Agent:
             begin = BeginRequest(op, {"s1": fp(args)}, "s1", "wf", "t1", None, 60.0)
         given = call_id is not None
         call = ToolCall(
-            call_id or f"k{self.calls:016x}", tool, CallKind(kind), fp(args), begin, given
+            call_id or f"k{self.calls:016x}", tool, CallKind(kind), fp(args), begin, given, flaw
         )
         record, opens = self.ops.get(op or ""), self.open_ops()
         self.task, new_op, out = core.admit_tool_call(
@@ -787,6 +787,61 @@ def test_a_write_admitted_twice_under_one_id_executes_once_then_replays() -> Non
     out = agent.call("save", {"v": 1}, "write", "w1", call_id="g1")
     assert out.decision is ToolDecision.REPLAY and out.operation is not None
     assert out.operation.receipt == "r1"
+
+
+def test_item3_a_call_id_repeated_in_one_proposal_is_one_call_its_copies_denied_and_counted() -> (
+    None
+):
+    """Attack item 3: five copies of one call (same id, same arguments) in one
+    proposal: the first executes, the next is a denied duplicate that counts as a
+    call, and the third copy passes max_same_call 2 and ends the task."""
+    agent = Agent(L(max_tool_calls=3, max_same_call=2))
+    flaws = core.screen_proposal([("c1", "get")] * 5, frozenset({"get"}))
+    assert flaws == [None, *[core.CallFlaw.REPEAT] * 4]
+    outs = [agent.call("get", {"q": 1}, call_id="c1", flaw=f) for f in flaws[:3]]
+    assert [o.decision for o in outs] == [ToolDecision.EXECUTE] + [ToolDecision.DENY] * 2
+    assert outs[1].reason is core.DenyReason.DUPLICATE_CALL
+    assert outs[2].reason is R.SAME_CALL
+    assert agent.task.used.tool_calls == 2 and len(agent.task.calls) == 1
+    # other arguments under the repeated id: a duplicate as well, never a conflict
+    other = Agent(L(max_tool_calls=3, max_same_call=2))
+    other.call("get", {"q": 1}, call_id="c1")
+    out = other.call("get", {"q": 2}, call_id="c1", flaw=core.CallFlaw.REPEAT)
+    assert (out.decision, out.reason) == (ToolDecision.DENY, core.DenyReason.DUPLICATE_CALL)
+    assert other.task.used.tool_calls == 2 and other.task.envelope is None
+
+
+def test_item4_an_id_reused_with_new_arguments_after_its_result_is_a_new_call() -> None:
+    """Attack item 4: an upstream that numbers its calls afresh each turn (call_0
+    every turn, new arguments) makes a new call each time, counted; the result of
+    the new call is recorded on it, the old one keeps its own."""
+    agent = Agent(L(max_tool_calls=5))
+    assert agent.call("get", {"q": 1}, call_id="call_0").decision is ToolDecision.EXECUTE
+    agent.result(call_id="call_0", result="first")
+    out = agent.call("get", {"q": 2}, call_id="call_0")
+    assert out.decision is ToolDecision.EXECUTE and agent.task.used.tool_calls == 2
+    assert [c.status for c in agent.task.history()] == [core.CallStatus.OK, core.CallStatus.PENDING]
+    agent.result(call_id="call_0", result="second")
+    assert [c.status for c in agent.task.history()] == [core.CallStatus.OK, core.CallStatus.OK]
+    # still pending: other arguments under that id are a conflict (the flow's own id)
+    agent.call("get", {"q": 3}, call_id="call_9")
+    with pytest.raises(StateConflict):
+        agent.call("get", {"q": 4}, call_id="call_9")
+
+
+def test_item14_a_proposal_without_call_id_or_naming_a_tool_not_offered_is_invalid() -> None:
+    """Attack item 14 and DESIGN §5: an empty call id, or a tool the request did not
+    offer, ends the task blocked, invalid_call, and nothing executes."""
+    offered = frozenset({"get"})
+    assert core.screen_proposal([("", "get")], offered) == [core.CallFlaw.INVALID]
+    assert core.screen_proposal([("c1", "rm")], offered) == [core.CallFlaw.INVALID]
+    assert core.screen_proposal([("c1", "get")], None) == [core.CallFlaw.INVALID]
+    agent = Agent()
+    out = agent.call("get", {"q": 1}, call_id="", flaw=core.CallFlaw.INVALID)
+    assert (out.decision, out.reason) == (ToolDecision.DENY, R.INVALID_CALL)
+    envelope = agent.task.envelope
+    assert envelope is not None and envelope.status is TaskStatus.BLOCKED
+    assert agent.executions == 0 and agent.task.calls == ()
 
 
 # -- activations and resume ----------------------------------------------------------

@@ -642,3 +642,66 @@ def test_a_responses_stream_without_its_final_event_is_broken() -> None:
     with pytest.raises(StreamBroken) as caught:
         reader.feed(_ev("response.completed", 9, response="gone"))
     assert caught.value.code == "bad_upstream_response"
+
+
+def test_item5_a_responses_stream_s_calls_are_its_item_events_and_the_final_output_s() -> None:
+    """Attack item 5: a call streamed as item events but left out of
+    ``response.completed``'s output is a proposal all the same (the client builds
+    its tool calls from those events), and a call only in the final output too."""
+    only_final = {"type": "function_call", "call_id": "call_b", "name": "get", "arguments": "{}"}
+    completed = {**RESPONSE_ANSWER, "output": [_MSG, only_final]}
+    stream = [*RESPONSES_STREAM[:-1], _ev("response.completed", 8, response=completed)]
+    final = feed_all(OPENAI_RESPONSES.stream_reader({}), stream)[-1]
+    assert isinstance(final, Final)
+    assert final.proposals == [
+        Proposal("call_a", "search", {"q": "x"}),
+        Proposal("call_b", "get", {}),
+    ]
+    # arguments joined from the deltas when no .done event carries them
+    partial = [RESPONSES_STREAM[4], RESPONSES_STREAM[5], RESPONSES_STREAM[5]]
+    reader = OPENAI_RESPONSES.stream_reader({})
+    feed_all(reader, partial)
+    (end,) = reader.feed(_ev("response.completed", 9, response={**RESPONSE_ANSWER, "output": []}))
+    assert isinstance(end, Final)
+    assert end.proposals == [Proposal("call_a", "search", '{"q":{"q":')]
+
+
+def test_item13_a_chat_chunk_with_error_null_is_an_ordinary_chunk() -> None:
+    """Attack item 13: ``"error": null`` on a chunk is no error event."""
+    reader = OPENAI_CHAT.stream_reader({})
+    events = [
+        *reader.feed(_chunk({"content": "hi"}, error=None)),
+        *reader.feed(_chunk({}, "stop", error=None)),
+        *reader.feed(frame("[DONE]")),
+    ]
+    assert [type(e) for e in events] == [Passed, Passed, Final]
+    (error,) = reader.feed(_chunk({}, error={"message": "boom"}))
+    assert isinstance(error, ErrorEvent)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 1.7e308),
+        ("max_tokens", 10**30),
+        ("max_completion_tokens", 0),
+        ("max_output_tokens", True),
+        ("n", 1000),
+    ],
+)
+def test_item10_an_output_limit_or_choice_count_past_any_bound_is_refused(
+    field: str, value: Any
+) -> None:
+    """Attack item 10: numbers bounded at parse, the 400 naming the field."""
+    body = {"messages": [{"role": "user", "content": "x"}], "input": "x", field: value}
+    for adapter in (OPENAI_CHAT, OPENAI_RESPONSES):
+        with pytest.raises(MalformedRequest) as caught:
+            adapter.validate(body)
+        assert caught.value.extra["errors"][0]["loc"] == ["body", field]
+
+
+def test_item10_a_usage_count_past_any_turn_is_no_usage() -> None:
+    """Attack item 10: 10^308 or 10^400 tokens is not a count (charged the reservation)."""
+    for huge in (10**308, 10**400):
+        assert OPENAI_CHAT.usage({"prompt_tokens": 1, "completion_tokens": huge}).split is None
+        assert OPENAI_RESPONSES.usage({"input_tokens": huge, "output_tokens": 1}).tokens is None

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gate_apis
 import pytest
 import requests
 import sseclient
@@ -40,7 +41,12 @@ def llm() -> Iterator[FakeLLM]:
 
 
 def gate_app(make_app: AppFactory, llm: FakeLLM, **config: Any) -> Flask:
-    gate = {**GATE, "upstream_url": llm.base, **config.pop("model_gate", {})}
+    gate = {
+        **GATE,
+        "upstream_url": llm.base,
+        "upstreams": gate_apis.upstreams(llm),
+        **config.pop("model_gate", {}),
+    }
     return make_app(model_gate=gate, environ={"UPSTREAM_KEY": "sk-upstream-secret"}, **config)
 
 
@@ -87,8 +93,18 @@ def responses_request(task_id: str | None, **extra: Any) -> dict[str, Any]:
 
 
 def build(which: str, task_id: str | None, **extra: Any) -> tuple[str, dict[str, Any]]:
+    """A turn's path and body in ``which`` (``chat``, ``responses`` or one of
+    :data:`gate_apis.OTHER`)."""
     if which == "chat":
         return CHAT, request(task_id, **extra)
+    if which in gate_apis.OTHER:
+        stream_it = bool(extra.pop("stream", False))
+        system = system_text(task_id, extra.pop("system_extra", ""))
+        if which == "azure":
+            return gate_apis.build(
+                which, system, stream_it, request(task_id, stream=stream_it, **extra)
+            )
+        return gate_apis.build(which, system, stream_it, {}, **extra)
     return RESPONSES, responses_request(task_id, **extra)
 
 
@@ -683,6 +699,8 @@ PRICED = {"prices": {"fake-model": {"input_per_mtok": 0, "output_per_mtok": 1_00
 
 def _money_body(which: str) -> dict[str, Any]:
     # Each turn allows at most 5 output tokens: its reservation is 5.
+    if which in gate_apis.OTHER:
+        return gate_apis.money_body(which, 5)
     return {"max_tokens": 5} if which == "chat" else {"max_output_tokens": 5}
 
 
@@ -990,3 +1008,451 @@ def test_the_offline_walk_through_ends_a_looping_model(tmp_path: Path) -> None:
         model.wait(10)
         if model.stdout is not None:
             model.stdout.close()
+
+
+# -- a hostile upstream (attack items 3-15) --------------------------------------------------------
+
+STREAMS = [False, True]
+#: Every API the gate speaks, each through its own adapter.
+EVERY_API = [*APIS, *gate_apis.OTHER]
+
+
+def ask(
+    api: Api, which: str, stream_it: bool, task_id: str | None, **extra: Any
+) -> tuple[int, str, list[str], Any]:
+    """One turn, streamed or not: the status, the assistant text, the call ids that
+    reached the agent, and the answer (its body, or its events)."""
+    path, body = build(which, task_id, stream=stream_it, **extra)
+    if which in gate_apis.OTHER:
+        return gate_apis.ask(api, which, stream_it, path, body)
+    if not stream_it:
+        status, out = api.post(path, body)
+        if status != 200:
+            return status, "", [], out
+        return status, text_of(which, out), calls_of(which, out), out
+    status, events, raw = stream(api, path, body)
+    if status != 200:
+        return status, "", [], raw
+    chunks = jsons(events)
+    if which == "chat":
+        deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+        text = "".join(d.get("content") or "" for d in deltas)
+        ids = [t["id"] for d in deltas for t in d.get("tool_calls") or [] if "id" in t]
+        return status, text, ids, events
+    text = "".join(c["delta"] for c in chunks if c.get("type") == "response.output_text.delta")
+    ids = [
+        c["item"]["call_id"]
+        for c in chunks
+        if c.get("type") == "response.output_item.added" and c["item"]["type"] == "function_call"
+    ]
+    return status, text, ids, events
+
+
+def ends_with_error(which: str, events: list[sseclient.Event], code: str) -> None:
+    """The stream's last event is an error the API's client raises, naming ``code``."""
+    last = json.loads(events[-1].data)
+    assert last.get("type") == "error" and last["error"]["code"] == code, last
+
+
+@pytest.mark.parametrize("stream_it", STREAMS)
+@pytest.mark.parametrize("which", EVERY_API)
+def test_item3_a_call_id_repeated_in_one_proposal_is_one_call(
+    api: Api, llm: FakeLLM, which: str, stream_it: bool
+) -> None:
+    """Attack item 3: 5 copies of one call (same id and arguments) in one proposal,
+    max_tool_calls 3, max_same_call 2: no copy reaches the agent, the repeat is a
+    denied duplicate and counted (2 calls), the task goes on.
+
+    An API without call ids (Gemini, Ollama) cannot repeat one: the gate numbers
+    the 5 copies apart, so they are 5 identical calls, and the identical-call
+    rule ends the task at the third (2 counted); nothing reaches the agent either way."""
+    a = Agent(api, limits={"max_tool_calls": 3, "max_same_call": 2})
+    llm.mode = "repeat_call"
+    status, text, ids, _ = ask(api, which, stream_it, a.id)
+    assert status == 200 and ids == []
+    assert used(api, a.id)["tool_calls"] == 2
+    envelope = api.get(a.base)[1]["envelope"]
+    if which in gate_apis.ID_LESS:
+        assert "partial (same_call)" in text and envelope["reason"] == "same_call"
+    else:
+        assert "duplicate_call" in text and envelope is None
+
+
+@pytest.mark.parametrize("stream_it", STREAMS)
+@pytest.mark.parametrize("which", APIS)
+def test_item4_an_upstream_that_reuses_call_ids_makes_new_calls(
+    api: Api, llm: FakeLLM, which: str, stream_it: bool
+) -> None:
+    """Attack item 4: ``call_0`` every turn with new arguments: each turn's call is a
+    new call, relayed and counted, its output recorded on it."""
+    a = Agent(api, limits={"max_tool_calls": 5})
+    llm.mode = "fresh_ids"
+    history: list[dict[str, Any]] = []
+    for n in range(3):
+        status, _, ids, _ = ask(api, which, stream_it, a.id, history=history)
+        assert status == 200 and ids == ["call_0"]
+        history = history + output_item(which, "call_0", f"page {n}")
+    ask(api, which, stream_it, a.id, history=history)
+    assert used(api, a.id)["tool_calls"] == 4
+    assert [c["status"] for c in task_doc(api, a.id)["calls"]] == ["ok"] * 3 + ["pending"]
+
+
+@pytest.mark.parametrize("stream_it", STREAMS)
+@pytest.mark.parametrize("which", APIS)
+def test_item4_one_id_with_two_argument_sets_in_one_proposal_is_denied(
+    api: Api, llm: FakeLLM, which: str, stream_it: bool
+) -> None:
+    """Attack item 4: one id, two argument sets, one proposal: a denial in the API's
+    own shape (never a 409, never a stream that just stops)."""
+    a = Agent(api)
+    llm.mode = "split_id"
+    status, text, ids, out = ask(api, which, stream_it, a.id)
+    assert status == 200 and ids == [] and "duplicate_call" in text
+    if stream_it and which == "chat":
+        assert out[-1].data == "[DONE]"
+    elif stream_it:
+        assert json.loads(out[-1].data)["type"] == "response.completed"
+
+
+def _redis_gate(tmp_path: Path, llm: FakeLLM, **gate: Any) -> tuple[Any, Api, Any]:
+    from conftest import SECRET, TOKENS_CONFIG, TOKENS_ENV, RedisServer
+    from sidecar.app import create_app
+
+    server = RedisServer(tmp_path / "redis").start()
+    config = {
+        "store": server.url,
+        "store_timeout_s": 0.3,
+        "tokens": TOKENS_CONFIG,
+        "model_gate": {**GATE, "upstream_url": llm.base, "timeout_s": 10, **gate},
+    }
+    env = {"LOOPSTOP_SECRET": SECRET, "UPSTREAM_KEY": "sk-upstream-secret", **TOKENS_ENV}
+    app = create_app(config, environ=env)
+    return server, Api(app.test_client()), app
+
+
+def _paused_while_answering(server: Any, api: Api, path: str, body: dict[str, Any]) -> list[Any]:
+    """Send a streamed turn, pause the store once it is admitted, let the upstream
+    answer and read the whole stream; the store is let go after."""
+    import os
+    import signal
+
+    r = api.client.post(
+        path, json=body, headers={"Authorization": f"Bearer {N8N_TOKEN}"}, buffered=False
+    )
+    assert r.status_code == 200
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        data = b"".join(r.response)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    return list(sseclient.SSEClient([data]).events())
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_item4_a_store_outage_mid_stream_ends_the_stream_with_an_error_event(
+    tmp_path: Path, llm: FakeLLM, which: str
+) -> None:
+    """Attack item 4: the store fails while a streamed proposal is decided: the
+    stream ends with an error event in the API's shape, nothing of the proposal
+    relayed."""
+    server, api, _ = _redis_gate(tmp_path, llm)
+    try:
+        a = Agent(api)
+        llm.mode = "tool_call"
+        events = _paused_while_answering(server, api, *build(which, a.id, stream=True))
+        ends_with_error(which, events, "store_unavailable")
+        raw = "".join(e.data for e in events)
+        assert "function_call_arguments" not in raw and '"tool_calls"' not in raw
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_item11_a_settle_the_store_refused_is_applied_once_it_is_back(
+    tmp_path: Path, llm: FakeLLM, which: str
+) -> None:
+    """Attack item 11: the store pauses while the upstream answers: the turn's settle
+    is retried, kept, and applied before the worker's next turn (its tokens and cost
+    counted, its reservation released), never held for ever."""
+    server, api, _ = _redis_gate(tmp_path, llm, **PRICED)
+    try:
+        a = Agent(api, limits={"max_cost": 100})
+        llm.mode = "final"
+        llm.hold = threading.Event()
+        llm.hold.set()
+        path, body = build(which, a.id, stream=True, **_money_body(which))
+        events = _paused_while_answering(server, api, path, body)
+        assert "FINAL " in "".join(e.data for e in events)
+        assert used(api, a.id)["reserved_cost"] == 5.0  # not yet settled: the store was away
+        assert ask(api, which, False, a.id, **_money_body(which))[0] == 200
+        spent = used(api, a.id)
+        assert (spent["tokens"], spent["cost"], spent["reserved_cost"]) == (20, 6.0, 0.0)
+    finally:
+        server.stop()
+
+
+def test_item5_a_call_streamed_only_as_item_events_is_decided(api: Api, llm: FakeLLM) -> None:
+    """Attack item 5: a Responses stream whose response.completed leaves out a call it
+    streamed as item events: that call is admitted and counted, so the same call is
+    ended at max_same_call as any other."""
+    a = Agent(api, limits={"max_same_call": 2})
+    llm.mode = "hidden_call"
+    history: list[dict[str, Any]] = []
+    relayed = []
+    for n in range(4):
+        status, _, ids, _ = ask(api, "responses", True, a.id, history=history)
+        assert status == 200
+        relayed += ids
+        for call_id in ids:
+            history = history + output_item("responses", call_id, f"note {n}")
+    assert len(relayed) == 2 and used(api, a.id)["tool_calls"] == 2
+    assert api.get(a.base)[1]["envelope"]["reason"] == "same_call"
+
+
+def test_item6_every_choice_is_reserved(make_app: AppFactory, llm: FakeLLM) -> None:
+    """Attack item 6: ``n: 4`` with at most 5 output tokens reserves 4 x 5: against
+    max_cost 19 the turn is refused without calling the upstream."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 19})
+    llm.mode = "final"
+    status, text, _, _ = ask(api, "chat", False, a.id, n=4, max_tokens=5)
+    assert status == 200 and "partial (cost_budget)" in text and llm.requests == []
+    b = Agent(api, limits={"max_cost": 20})
+    assert ask(api, "chat", False, b.id, n=4, max_tokens=5)[1] == "FINAL answer"
+
+
+def test_item6_a_request_whose_cost_is_held_upstream_is_refused_under_a_money_budget(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """Attack item 6: ``previous_response_id`` (context held upstream) or an image by
+    URL cannot be bounded: under a money budget a 422 naming the field, nothing
+    forwarded or counted; without one the turn goes on."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 1000})
+    status, out = turn(api, "responses", a.id, previous_response_id="resp_1")
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "previous_response_id"]
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    history = [{"role": "user", "content": [{"type": "text", "text": "see"}, image]}]
+    status, out = turn(api, "chat", a.id, history=history)
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "messages", "2", "content", "1"]
+    assert llm.requests == [] and used(api, a.id)["model_calls"] == 0
+    llm.mode = "final"
+    assert turn(api, "responses", Agent(api).id, previous_response_id="resp_1")[0] == 200
+
+
+@pytest.mark.parametrize("which", EVERY_API)
+def test_item6_a_turn_that_costs_past_the_budget_ends_the_task_and_names_the_overshoot(
+    make_app: AppFactory, llm: FakeLLM, which: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attack item 6: an upstream that reports 50 output tokens on a turn allowed 5:
+    the money is counted as spent, and the task ends at that turn, cost_budget, the
+    overshoot in the envelope's used and the decision log."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 40})
+    llm.mode = "overspend"
+    with caplog.at_level(logging.INFO):
+        assert ask(api, which, False, a.id, **_money_body(which))[0] == 200
+    envelope = api.get(a.base)[1]["envelope"]
+    assert envelope is not None and envelope["reason"] == "cost_budget"
+    assert envelope["used"]["cost"] == 50.0 and envelope["used"]["cost_overshoot"] == 10.0
+    assert any('"cost_overshoot":10.0' in r.getMessage() for r in caplog.records)
+
+
+def test_item6_a_priced_request_without_output_limit_is_sent_the_reserved_one(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """Attack item 6: the output a reservation assumes is the limit the upstream is sent."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    llm.mode = "final"
+    assert turn(api, "chat", Agent(api, limits={"max_cost": 10_000}).id)[0] == 200
+    assert turn(api, "responses", Agent(api, limits={"max_cost": 10_000}).id)[0] == 200
+    assert llm.requests[0]["max_completion_tokens"] == 4096
+    assert llm.requests[1]["max_output_tokens"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("which", "field"),
+    [
+        ("anthropic", "max_tokens"),
+        ("gemini", "generationConfig.maxOutputTokens"),
+        ("ollama", "options.num_predict"),
+        ("azure", "max_completion_tokens"),
+    ],
+)
+def test_item6_every_api_is_sent_the_reserved_output_limit_in_its_own_field(
+    make_app: AppFactory, llm: FakeLLM, which: str, field: str
+) -> None:
+    """Attack item 6 through each adapter: a priced request that sets no limit (an
+    Anthropic body without max_tokens, Ollama's -1) is sent the reserved 4096."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    llm.mode = "final"
+    unset = {"anthropic": {"max_tokens": None}, "ollama": {"options": {"num_predict": -1}}}
+    a = Agent(api, limits={"max_cost": 10_000})
+    assert ask(api, which, False, a.id, **unset.get(which, {}))[1] == "FINAL answer"
+    sent: Any = llm.requests[-1]
+    for key in field.split("."):
+        sent = sent[key]
+    assert sent == 4096
+    assert used(api, a.id)["cost"] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("which", "extra", "loc"),
+    [
+        ("anthropic", {"container": "container_1"}, ["container"]),
+        (
+            "anthropic",
+            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            ["tools", "0", "type"],
+        ),
+        ("gemini", {"cachedContent": "cachedContents/1"}, ["cachedContent"]),
+        ("gemini", {"tools": [{"googleSearch": {}}]}, ["tools", "0", "googleSearch"]),
+        (
+            "azure",
+            {
+                "history": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "https://e/a.png"}}],
+                    }
+                ]
+            },
+            ["messages", "2", "content", "0"],
+        ),
+    ],
+)
+def test_item6_a_cost_no_request_bounds_is_refused_under_a_money_budget_in_every_api(
+    make_app: AppFactory, llm: FakeLLM, which: str, extra: dict[str, Any], loc: list[str]
+) -> None:
+    """Attack item 6 through each adapter: context held upstream, a tool the provider
+    runs and bills, media by URL: a 422 naming the field, nothing forwarded or
+    counted; without a money budget the turn goes on."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 1000})
+    status, _, _, out = ask(api, which, False, a.id, **extra)
+    assert status == 422 and out["errors"][0]["loc"] == ["body", *loc]
+    assert llm.requests == [] and used(api, a.id)["model_calls"] == 0
+    llm.mode = "final"
+    assert ask(api, which, False, Agent(api).id, **extra)[0] == 200
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_item7_a_tool_output_through_the_gate_feeds_the_tools_check(
+    make_app: AppFactory, llm: FakeLLM, which: str
+) -> None:
+    """Attack item 7: three pages of new records through the gate pass the tool's
+    cursor check (the output, n8n's list of one item, is the check's input): the
+    task progresses to revision 3 instead of ending no_progress."""
+    checks = {"all_pages": {"kind": "cursor", "cursor": "next_cursor", "records": "items[].id"}}
+    tools = {"list_orders": {"kind": "read", "check": "all_pages"}}
+    api = Api(gate_app(make_app, llm, checks=checks, tools=tools).test_client())
+    a = Agent(api, limits={"max_idle": 2, "max_same_call": 2})
+    llm.mode = "tool_call"
+    offered = (
+        [{"type": "function", "function": {"name": "list_orders", "parameters": {}}}]
+        if which == "chat"
+        else [{"type": "function", "name": "list_orders", "parameters": {}}]
+    )
+    history: list[dict[str, Any]] = []
+    for n in range(3):
+        status, _, ids, _ = ask(api, which, False, a.id, history=history, tools=offered)
+        assert status == 200 and len(ids) == 1
+        page = json.dumps([{"next_cursor": "opaque", "items": [{"id": n}]}])
+        history = history + output_item(which, ids[0], page)
+    ask(api, which, False, a.id, history=history, tools=offered)
+    task = api.get(a.base)[1]
+    assert task["envelope"] is None and task["task"]["validated_revision"] == 3
+
+
+@pytest.mark.parametrize("which", APIS)
+def test_item10_numbers_past_any_bound_are_refused_or_read_as_no_usage(
+    make_app: AppFactory, llm: FakeLLM, which: str
+) -> None:
+    """Attack item 10: ``max_tokens`` 1.7e308 is a 400 naming it; a usage of 10^308 or
+    10^400 is not a count: the turn is charged its reservation (never a 500), and
+    no reservation is left held."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 1000})
+    limit = "max_tokens" if which == "chat" else "max_output_tokens"
+    status, out = turn(api, which, a.id, **{limit: 1.7e308})
+    assert status == 400 and out["errors"][0]["loc"] == ["body", limit]
+    status, out = turn(api, which, a.id, **{limit: 10**30})
+    assert status == 400 and out["errors"][0]["loc"] == ["body", limit]
+    status, out = turn(api, which, a.id, **{limit: 10**309})  # past any double: the parser's
+    assert status == 422 and out["errors"][0]["loc"] == ["body", limit]
+    assert llm.requests == [] and used(api, a.id)["model_calls"] == 0
+    llm.mode = "huge_usage"
+    for tokens in (10**308, 10**400, 10**308):
+        llm.usage_tokens = tokens
+        assert turn(api, which, a.id, **_money_body(which))[0] == 200
+    spent = used(api, a.id)
+    assert (spent["model_calls"], spent["cost"], spent["reserved_cost"]) == (3, 15.0, 0.0)
+
+
+def test_item13_a_chat_chunk_with_error_null_is_no_error(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """Attack item 13: chunks carrying ``"error": null`` are ordinary chunks: the
+    stream finishes with [DONE], and the turn costs its reported usage."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api, limits={"max_cost": 100})
+    llm.mode = "null_error"
+    status, text, _, events = ask(api, "chat", True, a.id, max_tokens=5)
+    assert status == 200 and text == "FINAL answer" and events[-1].data == "[DONE]"
+    assert used(api, a.id)["cost"] == 3.0
+
+
+@pytest.mark.parametrize("stream_it", STREAMS)
+@pytest.mark.parametrize(
+    ("which", "mode"),
+    [
+        *(
+            (w, m)
+            for w in EVERY_API
+            if w not in gate_apis.ID_LESS
+            for m in ("empty_id", "unoffered")
+        ),
+        *((w, "unoffered") for w in gate_apis.ID_LESS),  # the gate names their calls
+    ],
+)
+def test_item14_a_call_without_id_or_of_a_tool_not_offered_ends_the_task_invalid_call(
+    api: Api, llm: FakeLLM, which: str, stream_it: bool, mode: str
+) -> None:
+    """Attack item 14 and DESIGN §5: a call whose id is empty, or that names a tool
+    the request did not offer, is never relayed: the task ends blocked, invalid_call
+    (nothing left pending). In every API, through its adapter."""
+    a = Agent(api)
+    llm.mode = mode
+    status, text, ids, _ = ask(api, which, stream_it, a.id)
+    assert status == 200 and ids == [] and "blocked (invalid_call)" in text
+    assert api.get(a.base)[1]["envelope"]["reason"] == "invalid_call"
+    assert task_doc(api, a.id)["calls"] == [] and used(api, a.id)["tool_calls"] == 0
+
+
+@pytest.mark.parametrize("stream_it", STREAMS)
+@pytest.mark.parametrize("gzip_it", [False, True])
+@pytest.mark.parametrize("which", ["chat", *gate_apis.OTHER])
+def test_item15_an_answer_past_max_answer_bytes_is_a_502_and_counted(
+    make_app: AppFactory, llm: FakeLLM, which: str, stream_it: bool, gzip_it: bool
+) -> None:
+    """Attack item 15: an answer bigger than model_gate.max_answer_bytes (counted
+    decompressed) is a 502 in the API's shape (streamed: an error event), the turn
+    counted; in every API."""
+    api = Api(gate_app(make_app, llm, model_gate={"max_answer_bytes": 1 << 20}).test_client())
+    a = Agent(api)
+    llm.mode, llm.big_bytes, llm.gzip = "big", 3 << 20, gzip_it
+    status, _, _, out = ask(api, which, stream_it, a.id)
+    if which == "chat" and stream_it:
+        assert status == 200
+        ends_with_error("chat", out, "answer_too_large")
+    elif which == "chat":
+        assert status == 502 and out["error"]["code"] == "answer_too_large"
+    elif stream_it:  # the last event is the API's error, naming the bound
+        last = out[-1]
+        assert (
+            status == 200 and "error" in json.dumps(last) and "max_answer_bytes" in json.dumps(last)
+        )
+    else:
+        assert status == 502 and "max_answer_bytes" in json.dumps(out)
+    spent = used(api, a.id)
+    assert spent["model_calls"] == 1 and spent["tokens"] > 0

@@ -402,6 +402,27 @@ def test_unverified_result_when_the_tools_check_cannot_run(make_app: AppFactory)
     ended(a.result(a.call("lookup", {"id": 1}), result={"id": 1}), "blocked", "unverified_result")
 
 
+def test_a_malformed_gate_proposal_ends_the_task_invalid_call(make_app: AppFactory) -> None:
+    """The model gate's screening (a call without id, or of a tool not offered) ends
+    the task blocked, invalid_call, and the task's HTTP view shows it."""
+    from sidecar.auth import Principal
+    from sidecar.core.tasks import CallFlaw, CallKind
+    from sidecar.service.task_inputs import CallInput
+
+    app = make_app()
+    api = Api(app.test_client())
+    a = Agent(api)
+    tasks = app.extensions["loopstop"].tasks
+    with app.test_request_context():
+        who = Principal("n8n", None, False)
+        call = CallInput("drop_tables", CallKind.READ, {}, None, "call_1", CallFlaw.INVALID)
+        _, out = tasks.tool_call(who, "p", a.id, call)
+        assert str(out.reason) == "invalid_call"
+    envelope = api.get(a.base)[1]["envelope"]
+    assert (envelope["status"], envelope["reason"]) == ("blocked", "invalid_call")
+    REACHED.add("invalid_call")
+
+
 def test_money_budget_reserves_then_settles_and_never_overspends(make_app: AppFactory) -> None:
     """The model gate reserves a turn's worst-case cost and settles the real one;
     ``max_cost`` comes in ``limits`` and ``used.cost`` shows what was settled."""

@@ -26,6 +26,8 @@ from sidecar.gate.wire import (
     ANTHROPIC_MESSAGES,
     AZURE_CHAT,
     AZURE_RESPONSES,
+    GEMINI_GENERATE,
+    GEMINI_STREAM,
     OLLAMA,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
@@ -61,17 +63,20 @@ ROUTES: dict[str, tuple[Route, ...]] = {
         Route("POST", "/v1/messages", "messages", ANTHROPIC_MESSAGES),
         Route("GET", "/v1/models", "models", ANTHROPIC_MESSAGES),
     ),
+    # n8n's Google Gemini Chat Model: its Host is <sidecar>/v1/gemini.
+    "/v1/gemini": (
+        Route("POST", GEMINI_GENERATE.path, "generate_content", GEMINI_GENERATE),
+        Route("POST", GEMINI_STREAM.path, "stream_generate_content", GEMINI_STREAM),
+        Route("GET", "/<any(v1beta, v1):version>/models", "models", GEMINI_GENERATE),
+    ),
     "/v1/ollama": (
         Route("POST", "/api/chat", "chat", OLLAMA),
         Route("GET", "/api/tags", "tags", OLLAMA),
     ),
-    # n8n joins Endpoint and "/openai" as they are: an Endpoint ending in "/" gives
-    # "//openai" (served as is, forwarded with one slash). AI Foundry: no deployment.
+    # AI Foundry: no deployment in the path.
     "/v1/azure": (
         Route("POST", "/openai/deployments/<deployment>/chat/completions", "chat", AZURE_CHAT),
         Route("POST", "/openai/deployments/<deployment>/responses", "responses", AZURE_RESPONSES),
-        Route("POST", "//openai/deployments/<deployment>/chat/completions", "chat2", AZURE_CHAT),
-        Route("POST", "//openai/deployments/<deployment>/responses", "resp2", AZURE_RESPONSES),
         Route("POST", "/chat/completions", "foundry_chat", AZURE_CHAT),
         Route("POST", "/responses", "foundry_responses", AZURE_RESPONSES),
     ),
@@ -127,6 +132,7 @@ def _log(record: TurnRecord) -> None:
         tokens=record.tokens,
         usage=record.usage,
         cost=record.cost,
+        cost_overshoot=record.cost_overshoot,
         execution_id=record.execution,
         upstream_status=record.upstream_status,
         tool_calls=[{"tool": t, "decision": d, "reason": r} for t, d, r in record.tool_calls]
@@ -179,10 +185,14 @@ for _prefix, _routes in ROUTES.items():
     _api = _prefix.rsplit("/", 1)[-1]
     for _r in _routes:
         _view = _turn_view(_r.adapter) if _r.method == "POST" else _list_view(_r.adapter)
+        bp.add_url_rule(_prefix + _r.path, f"{_api}_{_r.endpoint}", _view, methods=[_r.method])
+        # A client joining a base URL that ends in "/" sends "<prefix>//<path>" (n8n's
+        # Gemini and Azure nodes do): served as is, not redirected (a 308 a client
+        # may not follow with its POST body).
         bp.add_url_rule(
-            _prefix + _r.path,
-            f"{_api}_{_r.endpoint}",
+            _prefix + "/" + _r.path,
+            f"{_api}_{_r.endpoint}_slash",
             _view,
             methods=[_r.method],
-            merge_slashes="//" not in _r.path,
+            merge_slashes=False,
         )

@@ -36,7 +36,7 @@ from sidecar.core.tasks import LifecycleDecision, Task, ToolResult
 from sidecar.runtime import runtime
 from sidecar.service import keys
 from sidecar.service.keys import ExecutionMode
-from sidecar.service.tasks import CallInput, CreateInput
+from sidecar.service.task_inputs import CallInput, CreateInput
 
 bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
 

@@ -3,7 +3,9 @@
 One :class:`Upstream` per gate: POST a turn, GET the model list, under
 ``timeout_s`` (connect at most 5 s of it) and one deadline for the whole
 exchange, from the request to the answer's last byte: a server dripping
-bytes or keep-alive comments cannot hold a worker past it. A stream's
+bytes or keep-alive comments cannot hold a worker past it; and at most
+``max_answer_bytes`` of answer, counted decompressed (a gzip bomb stops
+there; urllib3 decompresses each read to its size). A stream's
 frames are read as they arrive (one socket read at a time, never waiting
 for a block to fill).
 
@@ -55,6 +57,7 @@ class Exchange:
     resp: requests.Response
     deadline: float
     monotonic: Callable[[], float]
+    max_bytes: int = 8 << 20
 
     @property
     def status(self) -> int:
@@ -67,28 +70,45 @@ class Exchange:
     def chunks(self) -> Iterator[bytes]:
         """The body's bytes as they arrive, until the upstream ends it.
 
-        :raises StreamBroken: the deadline passed (code ``timeout``).
+        :raises StreamBroken: the deadline passed (code ``timeout``), or the
+            answer passed ``max_bytes`` (code ``answer_too_large``).
         """
         raw = self.resp.raw
+        total = 0
         while True:
             if self.monotonic() > self.deadline:
                 raise StreamBroken("the upstream model took too long", "timeout")
             data = raw.read1(READ_BYTES, decode_content=True)
             if not data:
                 return
+            total += len(data)
+            if total > self.max_bytes:
+                raise StreamBroken(
+                    f"the upstream model's answer is larger than {self.max_bytes} bytes "
+                    "(model_gate.max_answer_bytes)",
+                    "answer_too_large",
+                )
             yield data
 
     def read_all(self, adapter: WireAdapter) -> bytes:
         """The whole body, read under the deadline, then closed.
 
-        :raises UpstreamError: too slow (504, reason ``timeout``) or cut (502,
-            reason ``upstream_stream_cut``); ``received`` says how many bytes came.
+        :raises UpstreamError: too slow (504, reason ``timeout``), cut (502,
+            reason ``upstream_stream_cut``) or too large (502, reason
+            ``answer_too_large``); ``received`` says how many bytes came.
         """
         chunks: list[bytes] = []
         try:
             for data in self.chunks():
                 chunks.append(data)
-        except StreamBroken:
+        except StreamBroken as exc:
+            if exc.code == "answer_too_large":
+                raise UpstreamError(
+                    502,
+                    adapter.error_body(str(exc), exc.code),
+                    reason=exc.code,
+                    received=sum(map(len, chunks)),
+                ) from None
             raise UpstreamError(
                 504,
                 adapter.error_body("the upstream model did not answer in time", "timeout"),
@@ -150,6 +170,7 @@ class Upstream:
     (version headers) and nothing else of it: never its token.
 
     :param session: the HTTP session (tests inject theirs).
+    :param max_answer_bytes: the most answer read (decompressed).
     :param monotonic: the deadline clock (seconds).
     :param api: the API it speaks.
     :param setting: the configuration to name when no ``base_url`` is set.
@@ -161,6 +182,7 @@ class Upstream:
         base_url: str | None,
         api_key: str | None,
         timeout_s: float,
+        max_answer_bytes: int = 8 << 20,
         monotonic: Callable[[], float] = time.monotonic,
         *,
         api: Api = OPENAI,
@@ -170,6 +192,7 @@ class Upstream:
         self.base_url = base_url
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self.monotonic = monotonic
         self.api = api
         self.setting = setting
@@ -243,7 +266,7 @@ class Upstream:
                     "upstream_unreachable",
                 ),
             ) from None
-        exchange = Exchange(resp, deadline, self.monotonic)
+        exchange = Exchange(resp, deadline, self.monotonic, self.max_answer_bytes)
         if resp.status_code >= 400:
             try:
                 answer = json.loads(b"".join(exchange.chunks()))
@@ -264,19 +287,26 @@ class Upstream:
         :raises UpstreamError: it cannot be reached (502).
         """
         url = self.url(path, inbound.query if inbound is not None else "")
+        read_s = min(self.timeout_s, LIST_READ_S)
         try:
             resp = self.session.get(
                 url,
                 headers=self._headers(inbound),
-                timeout=(LIST_CONNECT_S, min(self.timeout_s, LIST_READ_S)),
+                timeout=(LIST_CONNECT_S, read_s),
                 allow_redirects=False,
+                stream=True,  # read under the answer bound, as a turn's answer is
             )
         except requests.RequestException:
             raise UpstreamError(
                 502,
                 adapter.error_body("the upstream model cannot be reached", "upstream_unreachable"),
             ) from None
+        exchange = Exchange(resp, self.monotonic() + read_s, self.monotonic, self.max_answer_bytes)
         try:
-            return resp.json() if resp.status_code == 200 else None
-        except ValueError:
+            if resp.status_code != 200:
+                return None
+            return json.loads(b"".join(exchange.chunks()))
+        except Exception:  # unreadable, too large, cut or too slow: no list
             return None
+        finally:
+            exchange.close()

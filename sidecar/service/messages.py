@@ -42,6 +42,8 @@ MESSAGES: dict[EndReason, str] = {
     "report what is known.",
     EndReason.INVALID_EVIDENCE: "The tool's result contradicted the task's state: stop and "
     "report it.",
+    EndReason.INVALID_CALL: "The model proposed a call that cannot be run (a tool not offered, "
+    "or no call id): stop and report it.",
     EndReason.HUMAN_INPUT: "This action needs a person's approval: do not retry; say that "
     "approval is required.",
     EndReason.UNKNOWN_COMMIT: "It is unknown whether that write happened: do not retry it; "
@@ -57,12 +59,20 @@ IN_PROGRESS_MESSAGE = (
 )
 
 
+DUPLICATE_MESSAGE = (
+    "That call repeats a call id already proposed and not yet answered: do not repeat it; use "
+    "the result you have or give your final answer."
+)
+
+
 def message(reason: EndReason | DenyReason | str | None) -> str | None:
     """The sentence for the model about ``reason`` (None when there is none)."""
     if reason is None:
         return None
     if reason == DenyReason.IN_PROGRESS:
         return IN_PROGRESS_MESSAGE
+    if reason == DenyReason.DUPLICATE_CALL:
+        return DUPLICATE_MESSAGE
     try:
         return MESSAGES[EndReason(reason)]
     except ValueError:

@@ -9,15 +9,23 @@ upstream is reached through :mod:`sidecar.outbound.upstream`. Per request:
    Message (:mod:`sidecar.gate.lines`): by id, or by key (created or
    continued as ``POST /v1/tasks`` does);
 2. record every tool output the request carries back as that call's
-   result, without evidence;
-3. reserve a model turn; when the task has ended, answer a final assistant
-   message in the caller's own format and mode without calling the upstream;
+   result (:mod:`sidecar.service.gate_calls`; a tool's configured check
+   runs on it);
+3. reserve a model turn and a bound of its cost (:mod:`sidecar.core.cost`;
+   under a money budget a request whose cost cannot be bounded is refused);
+   when the task has ended, answer a final assistant message in the
+   caller's own format and mode without calling the upstream;
 4. forward to the upstream (adding a short system message at ``wrap_up``),
-   relay its answer (a stream event by event), count the tokens it reports
-   (an estimate when a stream is cut before its usage);
+   relay its answer (a stream event by event; at most
+   ``model_gate.max_answer_bytes``), count the tokens it reports (an
+   estimate when a stream is cut before its usage) and settle the
+   reservation; a settle the store refuses is retried, then kept and
+   applied before this worker's next turn: a reservation is never held for
+   ever;
 5. admit every tool call the upstream proposes through the task guard
    before it reaches n8n; a denied proposal is not relayed: the answer is
-   the final message instead.
+   the final message instead. Whatever fails once a stream has begun (the
+   store included), the stream ends with an error event in the API's shape.
 
 Prompts and completions are never logged or stored.
 """
@@ -25,6 +33,7 @@ Prompts and completions are never logged or stored.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,22 +44,12 @@ import requests
 from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig, Settings
 from sidecar.core import cost
-from sidecar.core.tasks import (
-    CallKind,
-    CallStatus,
-    ResultStatus,
-    Task,
-    ToolDecision,
-    ToolResult,
-    TurnDecision,
-    TurnReason,
-)
+from sidecar.core.tasks import Task, TurnDecision, TurnReason
 from sidecar.errors import (
     MalformedRequest,
     NotFound,
-    StateConflict,
+    StoreUnavailable,
     UpstreamError,
-    ValidationFailed,
 )
 from sidecar.gate.lines import TaskLines, task_lines
 from sidecar.gate.wire.base import (
@@ -70,8 +69,13 @@ from sidecar.gate.wire.base import (
     estimate_tokens,
 )
 from sidecar.outbound.upstream import Exchange, Upstream
+from sidecar.service.gate_calls import GateCalls
+from sidecar.service.gate_money import GateMoney
 from sidecar.service.messages import WRAP_UP_MESSAGE, final_message
-from sidecar.service.tasks import CallInput, CreateInput, TaskService
+from sidecar.service.task_inputs import CreateInput
+from sidecar.service.tasks import TaskService
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,6 +99,7 @@ class TurnRecord:
     tool_calls: list[tuple[str, str, str | None]] = field(default_factory=list)
     upstream_status: int | None = None
     cost: float | None = None
+    cost_overshoot: float | None = None
 
     def upstream_failed(self, reason: str) -> None:
         """Record that the upstream failed, and how."""
@@ -153,6 +158,8 @@ class ModelGate:
         self.session = session
         self.environ = environ
         self._upstreams: dict[str, Upstream] = {}
+        self.calls = GateCalls(tasks, self.settings)
+        self.money = GateMoney(config, tasks)
 
     def upstream(self, adapter: WireAdapter) -> Upstream:
         """The upstream of the adapter's API (``model_gate.upstreams.<api>``), made
@@ -173,6 +180,7 @@ class ModelGate:
                 entry.url if entry else None,
                 key,
                 self.config.timeout_s,
+                self.config.max_answer_bytes,
                 api=api,
                 setting=setting,
             )
@@ -191,7 +199,8 @@ class ModelGate:
         :raises UpstreamError: the upstream cannot be reached (502): the test
             fails as every turn would.
         """
-        listed = self.upstream(adapter).get_json(adapter, adapter.models_path, inbound)
+        path = inbound.path if inbound is not None else adapter.models_path
+        listed = self.upstream(adapter).get_json(adapter, path, inbound)
         return adapter.model_list(listed, self.config.default_model or "loopstop-gate")
 
     # -- the task --------------------------------------------------------------------
@@ -246,71 +255,17 @@ class ModelGate:
         )
         return task
 
-    def _record_outputs(self, turn: _Turn, task: Task | None) -> None:
-        """Record the tool outputs the request carries for calls still pending.
-
-        The agent sends its whole history each turn: outputs already recorded
-        (or answering calls the gate never admitted) are skipped.
-        """
-        outputs = turn.adapter.tool_outputs(turn.body)
-        if not outputs or turn.ns is None or turn.task_id is None:
-            return
-        if task is None:
-            task = self.tasks.get(turn.principal, turn.ns, turn.task_id)
-        pending = {c.call_id for c in task.history() if c.status is CallStatus.PENDING}
-        fp = self.tasks.fp
-        for out in outputs:
-            if out.call_id not in pending:
-                continue
-            pending.discard(out.call_id)
-            result = ToolResult(status=ResultStatus.OK, result_fp=fp.fingerprint(out.output))
-            try:
-                self.tasks.tool_result(turn.principal, turn.ns, turn.task_id, out.call_id, result)
-            except (NotFound, StateConflict):
-                continue  # recorded meanwhile by another request: nothing to add
-
-    def _kind(self, tool: str) -> CallKind:
-        configured = self.settings.tools.get(tool)
-        return CallKind(configured.kind) if configured is not None else CallKind.READ
-
     def _admit_calls(self, turn: _Turn, calls: list[Proposal]) -> str | None:
-        """Admit each proposed call in order; at the first denial, the final text
-        to answer instead (None: every call may reach n8n).
-
-        A tool configured ``kind: write`` is not admitted here: a write needs an
-        operation id, which only the flow can give (a Loop Stop node's Admit
-        Tool Call in the tool's sub-workflow); the gate relays it to the flow.
-        """
+        """The task guard's word on a proposal: None when every call may reach
+        n8n, else the final text to answer instead (:mod:`sidecar.service.gate_calls`)."""
         if turn.ns is None or turn.task_id is None:
             return None
-        for call in calls:
-            kind = self._kind(call.tool)
-            if kind is CallKind.WRITE:
-                turn.record.tool_calls.append((call.tool, "left_to_flow", "write"))
-                continue
-            task, out = self.tasks.tool_call(
-                turn.principal,
-                turn.ns,
-                turn.task_id,
-                CallInput(
-                    tool=call.tool,
-                    kind=kind,
-                    args=call.args,
-                    operation_id=None,
-                    call_id=call.call_id or None,
-                ),
-            )
-            reason = None if out.reason is None else str(out.reason)
-            turn.record.tool_calls.append((call.tool, str(out.decision), reason))
-            if out.decision is ToolDecision.DENY:
-                turn.record.decision, turn.record.reason = TurnDecision.DENY_TOOL_CALL, reason
-                if task.envelope is not None:
-                    return final_message(task)
-                return (
-                    f"[loopstop] The call to {call.tool} was not admitted ({reason}). Do not "
-                    "repeat it now; continue with what you have."
-                )
-        return None
+        offered = turn.adapter.offered_tools(turn.body)
+        done = self.calls.admit(turn.principal, turn.ns, turn.task_id, calls, offered)
+        turn.record.tool_calls.extend(done.calls)
+        if done.denied is not None:
+            turn.record.decision, turn.record.reason = TurnDecision.DENY_TOOL_CALL, done.reason
+        return done.denied
 
     # -- serving a turn --------------------------------------------------------------
 
@@ -336,6 +291,7 @@ class ModelGate:
         """
         adapter.validate(body)
         self.upstream(adapter).url("")  # a misconfigured gate admits nothing
+        self.money.settle_kept()
         stream = adapter.streaming(body)
         model = adapter.model(body, route or {}) or self.config.default_model or ""
         lines = task_lines(adapter.system_texts(body))
@@ -347,8 +303,11 @@ class ModelGate:
         record.task_id = turn.task_id
         if turn.task_id is None or turn.ns is None:
             return self._forward(turn, body)
-        self._record_outputs(turn, task)
-        reserve = self._reservation(turn, task)
+        outputs = adapter.tool_outputs(body)
+        self.calls.record_outputs(principal, turn.ns, turn.task_id, outputs, task)
+        held = self.money.reserve(adapter, principal, (turn.ns, turn.task_id), body, model, task)
+        body = turn.body = held.body
+        turn.price, reserve = held.price, held.amount
         task, outcome = self.tasks.model_call(
             principal,
             turn.ns,
@@ -375,35 +334,11 @@ class ModelGate:
             return GateAnswer(turn.record, events=iter(events))
         return GateAnswer(turn.record, body=adapter.final_answer(text, turn.model, stamp))
 
-    def _reservation(self, turn: _Turn, task: Task | None) -> float | None:
-        """The turn's worst-case cost at its model's price (None: the model has no price).
-
-        :raises ValidationFailed: the model has no price and the task has a
-            money budget (a turn nobody can price is never a free pass).
-        """
-        found = self.config.prices.get(turn.model)
-        if found is None:
-            if task is None and turn.ns is not None and turn.task_id is not None:
-                task = self.tasks.get(turn.principal, turn.ns, turn.task_id)
-            if task is not None and task.envelope is None and task.limits.max_cost is not None:
-                raise ValidationFailed(
-                    [
-                        {
-                            "loc": ["body", "model"],
-                            "msg": f"model {turn.model!r} has no price in model_gate.prices, "
-                            "and the task has a money budget (max_cost)",
-                        }
-                    ]
-                )
-            return None
-        turn.price = cost.Price(found.input_per_mtok, found.output_per_mtok)
-        limit = turn.adapter.max_output_tokens(turn.body) or self.config.max_output_tokens
-        return cost.worst_case(turn.price, estimate_tokens(turn.body, 0), limit)
-
     def _count(self, turn: _Turn, usage: Usage, estimate: int, *, answered: bool = True) -> None:
         """Count a turn once, when it is over: its tokens (the reported usage,
         else ``estimate``) and, for a priced model, settle its reservation with
-        what it cost (:func:`sidecar.core.cost.settled_cost`)."""
+        what it cost (:func:`sidecar.core.cost.settled_cost`). A settle the store
+        refuses is retried, then kept for later (:class:`GateMoney`)."""
         if turn.counted:
             return
         turn.counted = True
@@ -412,15 +347,20 @@ class ModelGate:
         turn.record.usage = "estimated" if usage.tokens is None else "reported"
         if turn.ns is None or turn.task_id is None:
             return
+        principal, ns, task_id = turn.principal, turn.ns, turn.task_id
         if turn.price is None:
             if tokens:
-                self.tasks.record_tokens(turn.principal, turn.ns, turn.task_id, tokens)
+                self.money.settle(lambda: self.tasks.record_tokens(principal, ns, task_id, tokens))
             return
         spent = cost.settled_cost(turn.price, turn.reserved, usage.split, answered=answered)
         turn.record.cost = spent
-        self.tasks.settle_model_call(
-            turn.principal, turn.ns, turn.task_id, turn.reserved, spent, tokens
+        reserved = turn.reserved
+        task = self.money.settle(
+            lambda: self.tasks.settle_model_call(principal, ns, task_id, reserved, spent, tokens)
         )
+        over = None if task is None or task.envelope is None else task.envelope.used
+        if over is not None and "cost_overshoot" in over:
+            turn.record.cost_overshoot = float(over["cost_overshoot"])
 
     def _bad_upstream(self, turn: _Turn, message: str) -> UpstreamError:
         turn.record.upstream_failed(TurnReason.BAD_UPSTREAM_RESPONSE)
@@ -509,6 +449,20 @@ class ModelGate:
             self._count(turn, NO_USAGE, estimate_tokens(payload, chars))
             turn.record.upstream_failed(cut.code)
             yield adapter.error_event(str(cut), cut.code)
+        except StoreUnavailable:  # deciding the proposal: nothing of it was relayed
+            self._count(turn, NO_USAGE, estimate_tokens(payload, chars))
+            turn.record.upstream_failed(TurnReason.STORE_UNAVAILABLE)
+            yield adapter.error_event(
+                "the gate could not decide this turn: its store is unavailable; try again",
+                str(TurnReason.STORE_UNAVAILABLE),
+            )
+        except Exception as exc:  # never a stream that just stops: the client sees an error
+            log.error("model gate relay failed: %s", type(exc).__name__)
+            self._count(turn, NO_USAGE, estimate_tokens(payload, chars))
+            turn.record.upstream_failed(TurnReason.GATE_ERROR)
+            yield adapter.error_event(
+                "the gate failed while relaying this turn", str(TurnReason.GATE_ERROR)
+            )
         finally:
             exchange.close()
             # the agent went away mid-stream: never free

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from sidecar.auth import Principal
@@ -32,34 +32,11 @@ from sidecar.service.checks import CheckService, check_input, verdict
 from sidecar.service.mappers import Tasks, covering_stop
 from sidecar.service.operations import OperationService
 from sidecar.service.records import Txn
+from sidecar.service.task_inputs import CallInput, CreateInput
 from sidecar.service.task_watch import TaskWatch
 from sidecar.store import Store
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class CreateInput:
-    """``POST /v1/tasks``; ``initial_revision`` is the validated revision the task starts at."""
-
-    task_key: str | None
-    workflow: str | None
-    chain_id: str | None
-    policy: str | None
-    limits: Mapping[str, Any]
-    initial_revision: int = 0
-
-
-@dataclass(frozen=True)
-class CallInput:
-    """A tool call to admit; ``call_id`` is the caller's own id (admission is
-    idempotent on it), None for a generated one."""
-
-    tool: str
-    kind: CallKind
-    args: Any
-    operation_id: str | None
-    call_id: str | None = None
 
 
 class TaskService:
@@ -416,7 +393,7 @@ class TaskService:
                     }
                 ]
             )
-        if body.kind is CallKind.WRITE and not body.operation_id:
+        if body.kind is CallKind.WRITE and not body.operation_id and body.flaw is None:
             raise ValidationFailed(
                 [{"loc": ["body", "operation_id"], "msg": "a write needs its operation_id"}]
             )
@@ -452,6 +429,7 @@ class TaskService:
                 args_prints[self.fp.current.id],
                 begin,
                 given_id=body.call_id is not None,
+                flaw=body.flaw,
             )
             exceeded = self.watch.exceeded(txn, ns, task)
             stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)

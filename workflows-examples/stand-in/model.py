@@ -25,6 +25,15 @@ and ``.../responses`` (the query is ignored), and Ollama's chat API is
 
     python3 workflows-examples/stand-in/model.py --api ollama   # http://127.0.0.1:8791
     python3 workflows-examples/stand-in/model.py --api azure    # http://127.0.0.1:8791
+    python3 workflows-examples/stand-in/model.py --api gemini   # http://127.0.0.1:8791
+
+Google's Gemini API is there too, as n8n's Google Gemini Chat Model uses it
+(its Host is the stand-in's address, no path):
+``POST /v1beta/models/{model}:generateContent``, ``:streamGenerateContent``
+(``data:`` frames only, as Google sends them; ``?alt=sse``), ``GET
+/v1beta/models`` (the credential test; any ``/models`` list when served
+with ``api="gemini"``); a call has no id and carries a
+``thoughtSignature``, as Gemini 3 sends it.
 
 Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
 
@@ -40,6 +49,21 @@ Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
   the connection closes mid-body);
 - ``slow``: answers after 2 s.
 
+Hostile modes, each one way an upstream can try to slip past the gate (in
+every API; the id modes only where the API has call ids):
+
+- ``repeat_call``: one proposal of 5 copies of one call (same id, same arguments);
+- ``fresh_ids``: one call a turn, always the id ``call_0``, arguments naming the turn;
+- ``split_id``: two calls under one id, with two argument sets;
+- ``empty_id``: a call whose id is ``""``;
+- ``unoffered``: a call of a tool the request did not offer (``drop_tables``);
+- ``hidden_call``: as ``tool_call``, but a Responses stream leaves the call out of
+  ``response.completed``'s output (it is streamed only as item events);
+- ``null_error``: a final answer whose chat chunks carry ``"error": null``;
+- ``huge_usage``: a final answer reporting ``usage_tokens`` output tokens (10^400);
+- ``overspend``: a final answer reporting 50 output tokens, whatever the limit;
+- ``big``: a final answer of ``big_bytes`` (60 MB), gzip-encoded when ``gzip`` is set.
+
 The failing modes show what the gate answers n8n when the model fails.
 In the test suite, ``hold`` (a :class:`threading.Event`), when set on the
 instance, makes a stream pause after its first text event until the test
@@ -50,6 +74,7 @@ finished. Only the standard library: nothing to install.
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import threading
@@ -71,22 +96,40 @@ MODES = (
     "no_usage",
     "cut",
     "slow",
+    "repeat_call",
+    "fresh_ids",
+    "split_id",
+    "empty_id",
+    "unoffered",
+    "hidden_call",
+    "null_error",
+    "huge_usage",
+    "overspend",
+    "big",
 )
+#: The modes whose answer proposes tool calls.
+CALLING = ("tool_call", "text_then_tool", *MODES[10:16])
 
 USAGE_CHAT = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 USAGE_RESPONSES = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
 USAGE_OLLAMA = {"prompt_eval_count": 7, "eval_count": 3}
-APIS = ("openai", "ollama", "azure")
+USAGE_GEMINI = {"promptTokenCount": 7, "candidatesTokenCount": 3, "totalTokenCount": 10}
+#: The ``thoughtSignature`` a Gemini 3 model puts on its calls (base64, as the API's).
+SIGNATURE = "c3RhbmQtaW4tc2lnbmF0dXJl"
+APIS = ("openai", "ollama", "azure", "gemini")
 TEXT_PARTS = ["FINAL ", "ans", "wer"]
 
 
 class FakeLLM:
-    """The stand-in's state: its ``mode`` and every request it was sent (with its path
-    and query, its Authorization header and all its headers, names in lower case);
-    ``base`` is its ``.../v1`` address once served, ``root`` its address."""
+    """The stand-in's state: its ``mode``, its ``api`` (``gemini``: a model list
+    answered in Gemini's shape) and every request it was sent (a POST's body,
+    path and query, Authorization header and all its headers, names in lower
+    case; a GET's path and headers in ``lists``); ``base`` is its ``.../v1``
+    address once served, ``root`` its address without a path."""
 
     def __init__(self) -> None:
         self.mode = "tool_call"
+        self.api = "openai"
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.auth: list[str | None] = []
@@ -94,7 +137,7 @@ class FakeLLM:
         #: the path and headers of every model list request (``GET``)
         self.lists: list[tuple[str, dict[str, str]]] = []
         self.base = ""
-        #: the address without ``/v1``: the Anthropic credential's base URL
+        #: the address without ``/v1``: the Anthropic, Ollama, Azure and Gemini base URL
         self.root = ""
         self.hold: threading.Event | None = None
         #: set once a stream has sent its first text event (with ``hold``)
@@ -103,14 +146,50 @@ class FakeLLM:
         self.stream_done = threading.Event()
         #: ``time.perf_counter()`` just before the last stream's first text event was sent
         self.first_text_at: float | None = None
+        #: ``huge_usage``: the output tokens reported; ``big``: the answer's size
+        self.usage_tokens = 10**400
+        self.big_bytes = 60 << 20
+        self.gzip = False
         self._ids = itertools.count(1)
+
+    def calls(self, req: dict[str, Any], n: int) -> list[tuple[str, str, str]]:
+        """The calls turn ``n`` proposes, ``(id, tool, arguments)``, by mode."""
+        name, arguments = first_tool(req)
+        args = json.dumps(arguments)
+        if self.mode == "repeat_call":
+            return [(f"call_{n}", name, args)] * 5
+        if self.mode == "fresh_ids":
+            return [("call_0", name, json.dumps({"note": f"turn {n}"}))]
+        if self.mode == "split_id":
+            return [("call_0", name, '{"note": "a"}'), ("call_0", name, '{"note": "b"}')]
+        if self.mode == "empty_id":
+            return [("", name, args)]
+        if self.mode == "unoffered":
+            return [(f"call_{n}", "drop_tables", "{}")]
+        return [(f"call_{n}", name, args)]
+
+    def usage(self) -> tuple[int, int] | None:
+        """``(input, output)`` tokens to report (None: no usage)."""
+        if self.mode == "no_usage":
+            return None
+        if self.mode == "huge_usage":
+            return 7, self.usage_tokens
+        return 7, 50 if self.mode == "overspend" else 3
+
+    def text(self) -> str:
+        return "x" * self.big_bytes if self.mode == "big" else "".join(TEXT_PARTS)
 
     def next_id(self) -> int:
         return next(self._ids)
 
     def error(
-        self, anthropic: bool = False, ollama: bool = False
+        self, anthropic: bool = False, ollama: bool = False, gemini: bool = False
     ) -> tuple[int, dict[str, Any]] | None:
+        if self.mode in ("429", "500") and gemini:
+            status = "RESOURCE_EXHAUSTED" if self.mode == "429" else "INTERNAL"
+            return int(self.mode), {
+                "error": {"code": int(self.mode), "message": f"fake {self.mode}", "status": status}
+            }
         if self.mode in ("429", "500") and anthropic:
             kind = "rate_limit_error" if self.mode == "429" else "api_error"
             message = f"fake {self.mode}"
@@ -138,6 +217,8 @@ def first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if not tools:
         return "echo", {"note": "again"}
     tool = tools[0]
+    if "functionDeclarations" in tool:  # Gemini
+        tool = (tool["functionDeclarations"] or [{}])[0]
     function = tool.get("function") or tool
     schema = function.get("parameters") or function.get("input_schema") or {}
     props = schema.get("properties") or {}
@@ -151,18 +232,14 @@ def chat_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
     n = llm.next_id()
     message: dict[str, Any] = {"role": "assistant", "content": None}
     finish = "stop"
-    if llm.mode in ("tool_call", "text_then_tool"):
-        name, arguments = first_tool(req)
+    if llm.mode in CALLING:
         message["tool_calls"] = [
-            {
-                "id": f"call_{n}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
+            {"id": i, "type": "function", "function": {"name": name, "arguments": args}}
+            for i, name, args in llm.calls(req, n)
         ]
         finish = "tool_calls"
-    if llm.mode != "tool_call":
-        message["content"] = "".join(TEXT_PARTS)
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        message["content"] = llm.text()
     out: dict[str, Any] = {
         "id": f"chatcmpl-fake-{n}",
         "object": "chat.completion",
@@ -170,8 +247,13 @@ def chat_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
         "model": req.get("model", "fake-model"),
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
     }
-    if llm.mode != "no_usage":
-        out["usage"] = USAGE_CHAT
+    used = llm.usage()
+    if used is not None:
+        out["usage"] = (
+            USAGE_CHAT
+            if used == (7, 3)
+            else {"prompt_tokens": used[0], "completion_tokens": used[1], "total_tokens": sum(used)}
+        )
     return out
 
 
@@ -182,11 +264,12 @@ def chat_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None,
     message = answer["choices"][0]["message"]
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        out = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return {**out, "error": None} if llm.mode == "null_error" else out
 
     yield None, chunk({"role": "assistant", "content": ""})
     if message["content"]:
-        for part in TEXT_PARTS:
+        for part in _parts(llm):
             yield "text", chunk({"content": part})
     for i, call in enumerate(message.get("tool_calls") or []):
         fn = call["function"]
@@ -204,14 +287,22 @@ def chat_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None,
     yield None, "[DONE]"
 
 
+def _parts(llm: FakeLLM) -> list[str]:
+    """The text events of a streamed answer: 1 MB each in ``big``."""
+    if llm.mode != "big":
+        return TEXT_PARTS
+    step = 1 << 20
+    return ["x" * min(step, llm.big_bytes - at) for at in range(0, llm.big_bytes, step)]
+
+
 # -- the Responses API ------------------------------------------------------------------------
 
 
 def responses_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
     n = llm.next_id()
     output: list[dict[str, Any]] = []
-    if llm.mode != "tool_call":
-        text = "".join(TEXT_PARTS)
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        text = llm.text()
         output.append(
             {
                 "id": f"msg_fake{n}",
@@ -221,17 +312,17 @@ def responses_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
         )
-    if llm.mode in ("tool_call", "text_then_tool"):
-        name, arguments = first_tool(req)
-        output.append(
+    if llm.mode in CALLING:
+        output.extend(
             {
-                "id": f"fc_fake{n}",
+                "id": f"fc_fake{n}_{k}",
                 "type": "function_call",
                 "status": "completed",
-                "call_id": f"call_{n}",
+                "call_id": i,
                 "name": name,
-                "arguments": json.dumps(arguments),
+                "arguments": args,
             }
+            for k, (i, name, args) in enumerate(llm.calls(req, n))
         )
     out: dict[str, Any] = {
         "id": f"resp_fake{n}",
@@ -245,9 +336,15 @@ def responses_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": req.get("tools") or [],
-        "usage": None if llm.mode == "no_usage" else USAGE_RESPONSES,
+        "usage": _responses_usage(llm.usage()),
     }
     return out
+
+
+def _responses_usage(used: tuple[int, int] | None) -> dict[str, Any] | None:
+    if used is None or used == (7, 3):
+        return None if used is None else USAGE_RESPONSES
+    return {"input_tokens": used[0], "output_tokens": used[1], "total_tokens": sum(used)}
 
 
 def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None, Any]]:
@@ -275,7 +372,7 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
             )
             part = {"type": "output_text", "text": "", "annotations": []}
             yield None, ev("response.content_part.added", **at, part=part)
-            for piece in TEXT_PARTS:
+            for piece in _parts(llm):
                 yield "text", ev("response.output_text.delta", **at, delta=piece)
             yield None, ev("response.output_text.done", **at, text=text)
             yield None, ev("response.content_part.done", **at, part={**part, "text": text})
@@ -294,6 +391,8 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
                 yield None, ev("response.function_call_arguments.delta", **at, delta=piece)
             yield None, ev("response.function_call_arguments.done", **at, arguments=args)
         yield None, ev("response.output_item.done", output_index=index, item=item)
+    if llm.mode == "hidden_call":  # streamed as items, left out of the final output
+        answer = {**answer, "output": [i for i in answer["output"] if i["type"] != "function_call"]}
     yield None, ev("response.completed", response=answer)
 
 
@@ -303,12 +402,17 @@ def responses_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | 
 def messages_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
     n = llm.next_id()
     content: list[dict[str, Any]] = []
-    if llm.mode != "tool_call":
-        content.append({"type": "text", "text": "".join(TEXT_PARTS)})
-    if llm.mode in ("tool_call", "text_then_tool"):
-        name, arguments = first_tool(req)
-        content.append(
-            {"type": "tool_use", "id": f"toolu_fake{n}", "name": name, "input": arguments}
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        content.append({"type": "text", "text": llm.text()})
+    if llm.mode in CALLING:
+        content.extend(
+            {
+                "type": "tool_use",
+                "id": i.replace("call_", "toolu_fake", 1),
+                "name": name,
+                "input": json.loads(args),
+            }
+            for i, name, args in llm.calls(req, n)
         )
     out: dict[str, Any] = {
         "id": f"msg_fake{n}",
@@ -319,8 +423,9 @@ def messages_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
         "stop_reason": "tool_use" if content[-1]["type"] == "tool_use" else "end_turn",
         "stop_sequence": None,
     }
-    if llm.mode != "no_usage":
-        out["usage"] = {"input_tokens": 7, "output_tokens": 3}
+    used = llm.usage()
+    if used is not None:
+        out["usage"] = {"input_tokens": used[0], "output_tokens": used[1]}
     return out
 
 
@@ -345,7 +450,7 @@ def messages_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | N
                     "content_block": {"type": "text", "text": ""},
                 },
             )
-            for piece in TEXT_PARTS:
+            for piece in _parts(llm):
                 delta = {"type": "text_delta", "text": piece}
                 yield "text", {"type": "content_block_delta", **at, "delta": delta}
         else:
@@ -407,25 +512,32 @@ def ollama_done(llm: FakeLLM, req: dict[str, Any], finish: str = "stop") -> dict
     """The last line of a stream: empty content, the counts (only here, as Ollama does)."""
     done = ollama_line(req, {"role": "assistant", "content": ""}, True)
     done |= {"done_reason": finish, "total_duration": 1000, "load_duration": 10}
-    if llm.mode != "no_usage":
-        done |= {**USAGE_OLLAMA, "prompt_eval_duration": 100, "eval_duration": 200}
+    used = llm.usage()
+    if used is not None:
+        counts = {"prompt_eval_count": used[0], "eval_count": used[1]}
+        done |= {**counts, "prompt_eval_duration": 100, "eval_duration": 200}
+    if llm.mode == "null_error":
+        done["error"] = None
     return done
 
 
 def ollama_calls(llm: FakeLLM, req: dict[str, Any]) -> list[dict[str, Any]]:
-    """The looping model's one call (arguments an object); none unless it proposes."""
-    llm.next_id()
-    if llm.mode not in ("tool_call", "text_then_tool"):
+    """The turn's calls by mode (arguments an object, no id: Ollama has none);
+    none unless it proposes."""
+    n = llm.next_id()
+    if llm.mode not in CALLING:
         return []
-    name, arguments = first_tool(req)
-    return [{"function": {"name": name, "arguments": arguments}}]
+    return [
+        {"function": {"name": name, "arguments": json.loads(args)}}
+        for _, name, args in llm.calls(req, n)
+    ]
 
 
 def ollama_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
     calls = ollama_calls(llm, req)
     message: dict[str, Any] = {"role": "assistant", "content": ""}
-    if llm.mode != "tool_call":
-        message["content"] = "".join(TEXT_PARTS)
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        message["content"] = llm.text()
     if calls:
         message["tool_calls"] = calls
     done = ollama_done(llm, req)
@@ -435,13 +547,98 @@ def ollama_answer(llm: FakeLLM, req: dict[str, Any]) -> dict[str, Any]:
 def ollama_events(llm: FakeLLM, req: dict[str, Any]) -> Iterator[tuple[str | None, Any]]:
     """An Ollama chat stream: text lines, a line with the calls, the done line."""
     calls = ollama_calls(llm, req)
-    if llm.mode != "tool_call":
-        for part in TEXT_PARTS:
-            yield "text", ollama_line(req, {"role": "assistant", "content": part}, False)
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        for part in _parts(llm):
+            text = ollama_line(req, {"role": "assistant", "content": part}, False)
+            yield "text", {**text, "error": None} if llm.mode == "null_error" else text
     if calls:
         message = {"role": "assistant", "content": "", "tool_calls": calls}
         yield None, ollama_line(req, message, False)
     yield None, ollama_done(llm, req)
+
+
+# -- Gemini ------------------------------------------------------------------------------------
+
+
+def gemini_answer(llm: FakeLLM, req: dict[str, Any], model: str) -> dict[str, Any]:
+    """A ``GenerateContentResponse``: the call has no id, and a ``thoughtSignature``."""
+    n = llm.next_id()
+    parts: list[dict[str, Any]] = []
+    if llm.mode not in CALLING or llm.mode == "text_then_tool":
+        parts.append({"text": llm.text()})
+    if llm.mode in CALLING:
+        parts.extend(
+            {
+                "functionCall": {"name": name, "args": json.loads(args)},
+                "thoughtSignature": SIGNATURE,
+            }
+            for _, name, args in llm.calls(req, n)
+        )
+    out: dict[str, Any] = {
+        "candidates": [
+            {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
+        ],
+        "modelVersion": model,
+        "responseId": f"resp-fake-{n}",
+    }
+    used = llm.usage()
+    if used is not None:
+        out["usageMetadata"] = (
+            USAGE_GEMINI
+            if used == (7, 3)
+            else {
+                "promptTokenCount": used[0],
+                "candidatesTokenCount": used[1],
+                "totalTokenCount": sum(used),
+            }
+        )
+    if llm.mode == "null_error":
+        out["error"] = None
+    return out
+
+
+def gemini_events(
+    llm: FakeLLM, req: dict[str, Any], model: str
+) -> Iterator[tuple[str | None, Any]]:
+    """Each text piece a chunk, then the calls and ``finishReason`` with the usage
+    (Gemini's usage is a running total: the last chunk's is the turn's)."""
+    answer = gemini_answer(llm, req, model)
+    head = {k: answer[k] for k in ("modelVersion", "responseId")}
+    parts = answer["candidates"][0]["content"]["parts"]
+    calls = [p for p in parts if "functionCall" in p]
+
+    def chunk(chunk_parts: list[dict[str, Any]], last: bool) -> dict[str, Any]:
+        candidate: dict[str, Any] = {
+            "content": {"role": "model", "parts": chunk_parts},
+            "index": 0,
+        }
+        out: dict[str, Any] = {"candidates": [candidate], **head}
+        if llm.mode == "null_error":
+            out["error"] = None
+        if last:
+            candidate["finishReason"] = "STOP"
+            if "usageMetadata" in answer:
+                out["usageMetadata"] = answer["usageMetadata"]
+        return out
+
+    if any("text" in p for p in parts):
+        pieces = _parts(llm)
+        for i, piece in enumerate(pieces):
+            yield "text", chunk([{"text": piece}], not calls and i == len(pieces) - 1)
+    if calls:
+        yield None, chunk(calls, True)
+
+
+def gemini_models() -> dict[str, Any]:
+    return {
+        "models": [
+            {
+                "name": "models/fake-model",
+                "displayName": "Fake model",
+                "supportedGenerationMethods": ["generateContent", "countTokens"],
+            }
+        ]
+    }
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
@@ -479,6 +676,8 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             if urlsplit(self.path).path == "/api/tags":
                 return self._json(200, OLLAMA_TAGS)
             listing = self.path.partition("?")[0].endswith("/models")
+            if listing and (llm.api == "gemini" or self.path.startswith("/v1beta/")):
+                return self._json(200, gemini_models())
             if listing and self.headers.get("anthropic-version"):
                 return self._json(200, MODEL_LIST_ANTHROPIC)
             if listing:
@@ -541,7 +740,9 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             path = urlsplit(self.path).path
             messages = path.endswith("/v1/messages")
             ollama = path == "/api/chat"
-            failed = llm.error(anthropic=messages, ollama=ollama)
+            model, _, method = path.rpartition("/models/")[2].rpartition(":")
+            gemini = method in ("generateContent", "streamGenerateContent")
+            failed = llm.error(anthropic=messages, ollama=ollama, gemini=gemini)
             if failed is not None:
                 return self._json(*failed)
             if llm.mode == "502_html":
@@ -554,12 +755,15 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return None
             if llm.mode == "slow":
                 time.sleep(2)
+            if gemini and method == "streamGenerateContent":
+                return self._stream(gemini_events(llm, req, model), named=False)
             if ollama and req.get("stream") is not False:
                 return self._stream(ollama_events(llm, req), named=False, ndjson=True)
             responses = path.endswith("/responses")
-            if not (ollama or responses or messages or path.endswith("/chat/completions")):
+            known = ollama or gemini or responses or messages
+            if not (known or path.endswith("/chat/completions")):
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
-            if req.get("stream"):
+            if req.get("stream") and not gemini:
                 if messages:
                     return self._stream(messages_events(llm, req), named=True)
                 events = responses_events(llm, req) if responses else chat_events(llm, req)
@@ -574,10 +778,21 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return None
             if messages:
                 answer = messages_answer(llm, req)
+            elif gemini:
+                answer = gemini_answer(llm, req, model)
             elif ollama:
                 answer = ollama_answer(llm, req)
             else:
                 answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
+            if llm.mode == "big" and llm.gzip:
+                body = gzip.compress(json.dumps(answer).encode(), compresslevel=9)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return None
             if llm.mode == "cut":
                 body = json.dumps(answer).encode()
                 self.send_response(200)
@@ -593,9 +808,11 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve(host: str = "127.0.0.1", port: int = 0) -> Iterator[FakeLLM]:
-    """Serve a :class:`FakeLLM` in a background thread for the duration of the block."""
+def serve(host: str = "127.0.0.1", port: int = 0, api: str = "openai") -> Iterator[FakeLLM]:
+    """Serve a :class:`FakeLLM` (its ``api``: the shape of a model list under
+    ``/v1``) in a background thread for the duration of the block."""
     llm = FakeLLM()
+    llm.api = api
     server = _Server((host, port), _handler(llm))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -619,6 +836,7 @@ def main() -> None:
     args = parser.parse_args()
     llm = FakeLLM()
     llm.mode = args.mode
+    llm.api = args.api
     server = _Server((args.host, args.port), _handler(llm))
     root = f"http://{args.host}:{args.port}"
     tail = "/v1" if args.api == "openai" else ""

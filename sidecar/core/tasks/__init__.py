@@ -38,10 +38,12 @@ Times are epoch seconds; every function takes ``now``; no I/O.
 
 from sidecar.core.tasks.admission import (
     TOOL_RULES,
+    CallFlaw,
     ToolCall,
     admit_model_call,
     admit_tool_call,
     record_tokens,
+    screen_proposal,
     settle_model_call,
 )
 from sidecar.core.tasks.ledger_bridge import unknown_operations
@@ -129,6 +131,7 @@ __all__ = [
     "PRINT_DIGITS",
     "STATUS_OF",
     "TOOL_RULES",
+    "CallFlaw",
     "CallKind",
     "CallRecord",
     "CallStatus",
@@ -175,6 +178,7 @@ __all__ = [
     "require_tightened",
     "resolve_limits",
     "resume",
+    "screen_proposal",
     "settle_model_call",
     "stop",
     "stopped_by",

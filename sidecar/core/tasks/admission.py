@@ -19,25 +19,33 @@ A tool call, first match wins:
 1. the task has an envelope -> ``deny`` with its reason, nothing executes (sticky);
 2. the workflow or the chain is stopped -> ``stopped``;
 3. ``deadline_s`` has passed -> ``partial``, ``deadline``;
-4. the caller's ``call_id`` is already in the history -> that call's
-   decision again (``replay`` once its write is committed), nothing counted;
-5. the task's policy does not allow the tool -> ``blocked``, ``policy_denied``;
-6. a write's operation, in the ledger: conflicting payload ->
+4. the call is malformed (:attr:`CallFlaw.INVALID`: no call id, or a tool
+   the model gate's request did not offer) -> ``blocked``, ``invalid_call``;
+5. the caller's ``call_id`` names a call still waiting for its result ->
+   that call's decision again (``replay`` once its write is committed),
+   nothing counted; other arguments under it -> a conflict; an id whose call
+   has its result is a new call (an upstream that numbers calls afresh);
+   another copy of a call id earlier in the same proposal
+   (:attr:`CallFlaw.REPEAT`) goes on to the rules after this one;
+6. the task's policy does not allow the tool -> ``blocked``, ``policy_denied``;
+7. a write's operation, in the ledger: conflicting payload ->
    ``operation_conflict``; unknown -> ``needs_reconciliation``,
    ``unknown_commit``; attempts used -> ``retry_budget``; another worker
    holds it -> ``deny``, ``in_progress`` (the task goes on); committed ->
-   ``replay`` with its receipt: executes nothing, exempt from rules 7-11;
-7. ``max_tool_calls`` calls were admitted to execute -> ``tool_budget``;
-8. the tool's ``per_tool`` budget is used -> ``tool_budget``;
-9. a poll past ``max_polls`` or ``poll_deadline_s`` -> ``poll_budget``;
-10. ``max_same_call`` executions of this identical call (tool and RFC 8785
+   ``replay`` with its receipt: executes nothing, exempt from rules 8-12;
+8. ``max_tool_calls`` calls were admitted to execute -> ``tool_budget``;
+9. the tool's ``per_tool`` budget is used -> ``tool_budget``;
+10. a poll past ``max_polls`` or ``poll_deadline_s`` -> ``poll_budget``;
+11. ``max_same_call`` executions of this identical call (tool and RFC 8785
     arguments) at the current validated revision, wherever they fall in the
     task -> ``same_call`` (polls exempt);
-11. the call completes ``max_cycle_repeats`` repeats in a row of a block of
+12. the call completes ``max_cycle_repeats`` repeats in a row of a block of
     2 or more calls at the current revision -> ``cycle`` (polls exempt);
-12. else ``execute``: the call is recorded and counted; but a write that
-    would open one more operation of its workflow once it holds
-    ``operations.max_open_per_workflow`` open ones is refused
+13. else ``execute``: the call is recorded and counted; a repeated copy
+    (:attr:`CallFlaw.REPEAT`) is counted as a call (budgets, identical
+    calls) but not recorded, and denied ``duplicate_call``: one call id is
+    one call; a write that would open one more operation of its workflow
+    once it holds ``operations.max_open_per_workflow`` open ones is refused
     (:class:`~sidecar.errors.TooManyOpen`, 429) and nothing is recorded.
 
 Times are epoch seconds; every function takes ``now``; no I/O.
@@ -47,13 +55,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
 from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write, require_open_room
-from sidecar.core.tasks.lifecycle import deadline_passed, end
+from sidecar.core.tasks.lifecycle import deadline_passed, end, overshoot
 from sidecar.core.tasks.limits import to_micros
 from sidecar.core.tasks.outcomes import (
+    DenyReason,
     EndReason,
     ModelDecision,
     ModelOutcome,
@@ -125,8 +135,14 @@ def settle_model_call(
     task: Task, reserved_cost: float, actual_cost: float, tokens: int, now: float
 ) -> Task:
     """A model turn's real usage: releases its reservation, adds its cost and
-    tokens. Ends nothing (the next admission does), and applies to an ended
-    task too: money spent is a fact."""
+    tokens, and applies to an ended task too: money spent is a fact.
+
+    A turn that cost more than its reservation (an upstream that reports more
+    than the request allowed) and so passes ``max_cost`` ends the task at this
+    turn, ``partial``, ``cost_budget``, its envelope's ``used`` naming the
+    ``cost_overshoot`` (an envelope that was already there gets it too): the
+    budget is never passed unseen. Other budgets end at the next admission.
+    """
     used = task.used
     release = min(to_micros(reserved_cost), used.reserved_micros)
     used = replace(
@@ -135,7 +151,14 @@ def settle_model_call(
         cost_micros=used.cost_micros + to_micros(actual_cost),
         tokens=used.tokens + max(0, tokens),
     )
-    return replace(task, used=used, updated_at=now)
+    task = replace(task, used=used, updated_at=now)
+    over = overshoot(task)
+    if not over:
+        return task
+    if task.envelope is None:
+        return end(task, EndReason.COST_BUDGET, now)
+    envelope = replace(task.envelope, used={**task.envelope.used, "cost": used.cost, **over})
+    return replace(task, envelope=envelope)
 
 
 def record_tokens(task: Task, tokens: int, now: float) -> Task:
@@ -149,12 +172,44 @@ def record_tokens(task: Task, tokens: int, now: float) -> Task:
 # -- tool calls -----------------------------------------------------------------
 
 
+class CallFlaw(StrEnum):
+    """What is wrong with a proposed call as a proposal (:func:`screen_proposal`)."""
+
+    INVALID = "invalid"  # no call id, or a tool the request did not offer
+    REPEAT = "repeat"  # its call id was given earlier in the same proposal
+
+
+def screen_proposal(
+    calls: Sequence[tuple[str, str]], offered: frozenset[str] | None
+) -> list[CallFlaw | None]:
+    """The flaw of each call of one proposal, ``(call_id, tool)`` pairs in order.
+
+    A call without an id cannot be matched with its output, and a call of a
+    tool the request did not offer (``offered`` None: it offered none) can
+    only be the model's invention: both are :attr:`CallFlaw.INVALID` (DESIGN
+    §5, as the reference runners end a malformed proposal). One call id is one
+    call: every copy after the first is :attr:`CallFlaw.REPEAT`.
+    """
+    seen: set[str] = set()
+    flaws: list[CallFlaw | None] = []
+    for call_id, tool in calls:
+        if not call_id or offered is None or tool not in offered:
+            flaws.append(CallFlaw.INVALID)
+        elif call_id in seen:
+            flaws.append(CallFlaw.REPEAT)
+        else:
+            flaws.append(None)
+        seen.add(call_id)
+    return flaws
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """A tool call as the core sees it: ``args_fp`` is the RFC 8785 fingerprint.
 
     :ivar given_id: ``call_id`` was chosen by the caller (admission is
         idempotent on it) rather than generated.
+    :ivar flaw: what :func:`screen_proposal` found (model-gate proposals only).
     """
 
     call_id: str
@@ -163,6 +218,7 @@ class ToolCall:
     args_fp: str
     operation: BeginRequest | None = None
     given_id: bool = False
+    flaw: CallFlaw | None = None
 
 
 @dataclass(frozen=True)
@@ -201,20 +257,30 @@ def _rule_deadline(ask: _Ask) -> _Answer | None:
     return _ended(ask, EndReason.DEADLINE) if deadline_passed(ask.task, ask.now) else None
 
 
+def _rule_invalid(ask: _Ask) -> _Answer | None:
+    return _ended(ask, EndReason.INVALID_CALL) if ask.call.flaw is CallFlaw.INVALID else None
+
+
 def _rule_known_call_id(ask: _Ask) -> _Answer | None:
     """A caller-given id already in the history (the model gate admitted the call,
     then a Loop Stop node asks for it again) is one call, counted once:
 
-    - another tool, kind, arguments or operation id under that id is a conflict;
+    - a read whose call already has its result is a new call, whatever its
+      arguments (a server that numbers its calls afresh each turn): admitted
+      and counted by the rules after this one;
+    - another tool, kind, arguments or operation id under an id still
+      pending (or a write's) is a conflict;
     - a write goes through the ledger all the same: another worker writing it is
       a deny, an unknown outcome ends the task, a committed one replays;
-    - a read still waiting for its result answers ``execute`` again;
-    - an id whose call already has its result came back in a later proposal (a
-      server that numbers its calls afresh each turn): a new call, admitted and
-      counted by the rules after this one.
+    - a read still waiting for its result answers ``execute`` again.
+
+    A repeated copy within one proposal goes on to the rules after this one
+    and is counted and denied by :func:`_admit`.
     """
     known = ask.task.call(ask.call.call_id) if ask.call.given_id else None
-    if known is None:
+    if known is None or ask.call.flaw is CallFlaw.REPEAT:
+        return None
+    if ask.write is None and known.status is not CallStatus.PENDING:
         return None
     operation_id = ask.call.operation.operation_id if ask.call.operation else None
     if (known.tool, known.kind, known.fp, known.operation_id) != (
@@ -235,8 +301,6 @@ def _rule_known_call_id(ask: _Ask) -> _Answer | None:
         if w.replay or known.replayed:
             return ask.task, None, ToolOutcome(ToolDecision.REPLAY, None, known.call_id, w.record)
         return None  # the write may run again (not committed last time): a new attempt
-    if known.status is not CallStatus.PENDING:
-        return None
     return ask.task, None, ToolOutcome(ToolDecision.EXECUTE, None, known.call_id, None)
 
 
@@ -327,11 +391,12 @@ def _cycle(task: Task, key: str) -> bool:
     return False
 
 
-#: The tool-call rules in the order of the module docstring (rule 12 is :func:`_admit`).
+#: The tool-call rules in the order of the module docstring (rule 13 is :func:`_admit`).
 TOOL_RULES: tuple[Callable[[_Ask], _Answer | None], ...] = (
     _rule_ended,
     _rule_stopped,
     _rule_deadline,
+    _rule_invalid,
     _rule_known_call_id,
     _rule_policy,
     _rule_ledger,
@@ -378,18 +443,22 @@ def _admit(ask: _Ask) -> _Answer:
     call, task = ask.call, ask.task
     u = task.used
     poll = call.kind is CallKind.POLL
-    task = _record(
-        ask,
-        CallStatus.PENDING,
-        used=replace(
+    changes: dict[str, Any] = {
+        "used": replace(
             u,
             tool_calls=u.tool_calls + 1,
             polls=u.polls + (1 if poll else 0),
             per_tool={**u.per_tool, call.tool: u.per_tool.get(call.tool, 0) + 1},
         ),
-        identical_calls=task.identical_calls if poll else _counted(task.identical_calls, ask.key),
-        first_poll_at=(task.first_poll_at or ask.now) if poll else task.first_poll_at,
-    )
+        "identical_calls": (
+            task.identical_calls if poll else _counted(task.identical_calls, ask.key)
+        ),
+        "first_poll_at": (task.first_poll_at or ask.now) if poll else task.first_poll_at,
+    }
+    if call.flaw is CallFlaw.REPEAT:
+        counted = replace(task, updated_at=ask.now, **changes)
+        return counted, None, ToolOutcome(ToolDecision.DENY, DenyReason.DUPLICATE_CALL)
+    task = _record(ask, CallStatus.PENDING, **changes)
     new_op = ask.write.operation if ask.write is not None else None
     record = ask.write.record if ask.write is not None else None
     return task, new_op, ToolOutcome(ToolDecision.EXECUTE, None, call.call_id, record)

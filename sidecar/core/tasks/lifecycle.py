@@ -89,6 +89,15 @@ def elapsed_s(task: Task, now: float) -> float:
     return round(max(0.0, (task.ended_at or now) - task.created_at), 3)
 
 
+def overshoot(task: Task) -> dict[str, float]:
+    """``{"cost_overshoot": amount}`` when the money settled passed ``max_cost``
+    (a turn that cost more than its reservation), else nothing."""
+    limit = task.limits.max_cost_micros
+    if limit is None or task.used.cost_micros <= limit:
+        return {}
+    return {"cost_overshoot": from_micros(task.used.cost_micros - limit)}
+
+
 def end(task: Task, reason: EndReason, now: float, uncertain: Sequence[str] = ()) -> Task:
     """The task with its terminal envelope. Sticky: a task that has one keeps it."""
     if task.envelope is not None:
@@ -108,6 +117,7 @@ def end(task: Task, reason: EndReason, now: float, uncertain: Sequence[str] = ()
             "polls": task.used.polls,
             "cost": from_micros(task.used.cost_micros),
             "elapsed_s": elapsed_s(ended, now),
+            **overshoot(task),
         },
         last_good=task.last_good,
         uncertain_operations=tuple(sorted(set(uncertain))),

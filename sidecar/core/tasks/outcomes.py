@@ -51,6 +51,7 @@ class EndReason(StrEnum):
     FATAL_RESULT = "fatal_result"
     UNVERIFIED_RESULT = "unverified_result"
     INVALID_EVIDENCE = "invalid_evidence"
+    INVALID_CALL = "invalid_call"
     HUMAN_INPUT = "human_input"
     UNKNOWN_COMMIT = "unknown_commit"
     RETRY_AFTER_COMMIT = "retry_after_commit"
@@ -83,6 +84,7 @@ _BY_STATUS: dict[TaskStatus, tuple[EndReason, ...]] = {
         EndReason.FATAL_RESULT,
         EndReason.UNVERIFIED_RESULT,
         EndReason.INVALID_EVIDENCE,
+        EndReason.INVALID_CALL,
     ),
     TaskStatus.NEEDS_HUMAN: (EndReason.HUMAN_INPUT,),
     TaskStatus.NEEDS_RECONCILIATION: (EndReason.UNKNOWN_COMMIT, EndReason.RETRY_AFTER_COMMIT),
@@ -146,6 +148,9 @@ class TurnReason(StrEnum):
     BAD_UPSTREAM_RESPONSE = "bad_upstream_response"
     TIMEOUT = "timeout"
     UPSTREAM_STREAM_CUT = "upstream_stream_cut"
+    ANSWER_TOO_LARGE = "answer_too_large"  # past model_gate.max_answer_bytes
+    STORE_UNAVAILABLE = "store_unavailable"  # the store failed once the stream had begun
+    GATE_ERROR = "gate_error"  # anything else failed once the stream had begun
 
 
 class ToolDecision(StrEnum):
@@ -160,6 +165,7 @@ class DenyReason(StrEnum):
     """A denial that does not end the task."""
 
     IN_PROGRESS = "in_progress"  # another worker is writing the same operation
+    DUPLICATE_CALL = "duplicate_call"  # a call id given twice in one proposal, or still pending
 
 
 class ResultDecision(StrEnum):

@@ -298,11 +298,14 @@ class Task:
         return (*self.calls, record.to_doc())[-CALL_HISTORY:]
 
     def calls_with_status(self, call_id: str, status: CallStatus) -> tuple[Mapping[str, Any], ...]:
-        """The history with the status of call ``call_id`` changed."""
-        return tuple(
-            {**doc, "status": str(status)} if doc["call_id"] == call_id else doc
-            for doc in self.calls
-        )
+        """The history with the status of call ``call_id`` changed (its latest
+        entry: an id an upstream reused names a new call after the old one's result)."""
+        calls = list(self.calls)
+        for i in range(len(calls) - 1, -1, -1):
+            if calls[i]["call_id"] == call_id:
+                calls[i] = {**calls[i], "status": str(status)}
+                break
+        return tuple(calls)
 
     def to_doc(self) -> dict[str, Any]:
         """The stored document (JSON types only)."""

@@ -7,6 +7,7 @@ module. The service orchestrates adapters and never branches on the format.
 
 from __future__ import annotations
 
+from sidecar.gate.wire import gemini
 from sidecar.gate.wire.anthropic import AnthropicMessages
 from sidecar.gate.wire.azure import AzureChat, AzureResponses
 from sidecar.gate.wire.base import WireAdapter
@@ -20,7 +21,10 @@ OPENAI_CHAT: WireAdapter = OpenAIChat()
 OPENAI_RESPONSES: WireAdapter = OpenAIResponses()
 #: The Anthropic Messages API (``/v1/messages``).
 ANTHROPIC_MESSAGES: WireAdapter = AnthropicMessages()
-
+#: Gemini's ``models/{model}:generateContent``.
+GEMINI_GENERATE: WireAdapter = gemini.GENERATE
+#: Gemini's ``models/{model}:streamGenerateContent`` (``alt=sse``).
+GEMINI_STREAM: WireAdapter = gemini.STREAM
 #: Ollama's chat API (``/api/chat``).
 OLLAMA: WireAdapter = Ollama()
 #: Azure OpenAI's Chat Completions (``/openai/deployments/{deployment}/chat/completions``).
@@ -32,6 +36,8 @@ __all__ = [
     "ANTHROPIC_MESSAGES",
     "AZURE_CHAT",
     "AZURE_RESPONSES",
+    "GEMINI_GENERATE",
+    "GEMINI_STREAM",
     "OLLAMA",
     "OPENAI_CHAT",
     "OPENAI_RESPONSES",

@@ -5,7 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.gate.wire.base import OPENAI, Framing, Proposal, Usage, bad, sse
+from sidecar.gate.wire.base import (
+    MAX_CHOICES,
+    MAX_OUTPUT_LIMIT,
+    OPENAI,
+    Framing,
+    Proposal,
+    Spend,
+    Usage,
+    bad,
+    check_int,
+    sse,
+    token_count,
+)
 
 
 def validate_common(body: Mapping[str, Any]) -> None:
@@ -17,6 +29,19 @@ def validate_common(body: Mapping[str, Any]) -> None:
         raise bad("stream", "must be a boolean")
     if "model" in body and not isinstance(body["model"], str):
         raise bad("model", "must be a string")
+    for name, most in (*((n, MAX_OUTPUT_LIMIT) for n in OUTPUT_LIMITS), ("n", MAX_CHOICES)):
+        check_int(body.get(name), name, 1, most)
+
+
+#: The output limits either API takes, the first given wins.
+OUTPUT_LIMITS = ("max_output_tokens", "max_completion_tokens", "max_tokens")
+#: Request fields whose cost is held or decided upstream, not bounded by the request.
+HELD_UPSTREAM = ("previous_response_id", "conversation", "prompt")
+#: Content parts whose tokens the request's bytes do not bound when they are
+#: referenced (by URL or file id) rather than inline.
+_REFERENCE_KEYS = ("file_id", "file_url")
+#: Tool types whose use costs beyond tokens (hosted tools); a function tool does not.
+_TOKEN_TOOLS = ("function", "custom")
 
 
 def text_of(content: Any) -> str:
@@ -39,11 +64,7 @@ def is_system(item: Any) -> bool:
     )
 
 
-def _count(value: Any) -> int | None:
-    """``value`` when it is a token count (an int >= 0, not a bool), else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+_count = token_count
 
 
 def split(usage: Any) -> tuple[int, int] | None:
@@ -67,9 +88,57 @@ def read_usage(usage: Any, names: tuple[str, ...]) -> Usage:
     return Usage(tokens, split(usage))
 
 
+def _referenced(part: Any) -> bool:
+    """A content part that references its media (a URL that is not a ``data:``
+    URL, a file id) instead of carrying it."""
+    if not isinstance(part, dict):
+        return False
+    if any(part.get(k) for k in _REFERENCE_KEYS):
+        return True
+    for key in ("image_url", "file", "input_file"):
+        inner = part.get(key)
+        if isinstance(inner, dict) and (
+            any(inner.get(k) for k in _REFERENCE_KEYS) or _remote(inner.get("url"))
+        ):
+            return True
+        if _remote(inner):
+            return True
+    return part.get("type") in ("input_image", "input_file", "item_reference") and (
+        _remote(part.get("url")) or part.get("type") == "item_reference"
+    )
+
+
+def _remote(url: Any) -> bool:
+    return isinstance(url, str) and bool(url) and not url.startswith("data:")
+
+
+def spend(body: Mapping[str, Any], items_field: str) -> Spend:
+    """``n`` choices (chat), and the first field whose cost the request's bytes
+    do not bound: context held upstream (``previous_response_id``,
+    ``conversation``, a stored ``prompt``), a hosted tool, or media
+    referenced by URL or file id in the ``items_field`` list."""
+    for name in HELD_UPSTREAM:
+        if body.get(name) not in (None, ""):
+            return Spend(unbounded=name)
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        if isinstance(tool, dict) and tool.get("type", "function") not in _TOKEN_TOOLS:
+            return Spend(unbounded=f"tools.{i}.type")
+    items = body.get(items_field)
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        if _referenced(item):
+            return Spend(unbounded=f"{items_field}.{i}")
+        content = item.get("content") if isinstance(item, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if _referenced(part):
+                return Spend(unbounded=f"{items_field}.{i}.content.{j}")
+    n = body.get("n")
+    return Spend(choices=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1)
+
+
 def max_output_tokens(body: Mapping[str, Any]) -> int | None:
     """``max_output_tokens`` (Responses), ``max_completion_tokens`` or ``max_tokens`` (chat)."""
-    for name in ("max_output_tokens", "max_completion_tokens", "max_tokens"):
+    for name in OUTPUT_LIMITS:
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value

@@ -22,6 +22,7 @@ from typing import Any
 
 from sidecar.gate.wire.base import (
     BEARER,
+    MAX_OUTPUT_LIMIT,
     Answer,
     Api,
     ErrorEvent,
@@ -32,6 +33,7 @@ from sidecar.gate.wire.base import (
     NotThisAnswer,
     Passed,
     Proposal,
+    Spend,
     Stamp,
     StreamBroken,
     StreamEvent,
@@ -39,10 +41,12 @@ from sidecar.gate.wire.base import (
     ToolOutput,
     Usage,
     bad,
+    check_int,
     json_frame,
     parse_args,
     sse,
     sse_frame,
+    token_count,
 )
 
 #: The version every Anthropic client sends; the default when a request sends none.
@@ -77,9 +81,38 @@ _ERROR_TYPES = {
 _CONTENT_EVENTS = ("content_block_start", "content_block_delta", "content_block_stop")
 
 
-def _count(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
+_count = token_count
+
+#: Request fields whose cost is held or spent upstream, not bounded by the
+#: request's bytes: a code-execution container's state, MCP servers Anthropic calls.
+HELD_UPSTREAM = ("container", "mcp_servers")
+#: Content block sources that reference their media instead of carrying it.
+_REFERENCED_SOURCES = ("url", "file")
+
+
+def _referenced(block: Any) -> bool:
+    """A content block that references its media (an ``image`` or ``document``
+    whose ``source`` is a URL or a Files API id, a ``container_upload``)."""
+    if not isinstance(block, dict):
+        return False
+    if block.get("type") == "container_upload":
+        return True
+    source = block.get("source")
+    return isinstance(source, dict) and source.get("type") in _REFERENCED_SOURCES
+
+
+def _unbounded_block(messages: Any) -> str | None:
+    """The dotted path of the first content block (or block of a ``tool_result``)
+    whose media is referenced, None when there is none."""
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if _referenced(block):
+                return f"messages.{i}.content.{j}"
+            inner = block.get("content") if isinstance(block, dict) else None
+            for k, part in enumerate(inner if isinstance(inner, list) else []):
+                if _referenced(part):
+                    return f"messages.{i}.content.{j}.content.{k}"
     return None
 
 
@@ -254,7 +287,8 @@ class AnthropicMessages:
     def validate(self, body: Mapping[str, Any]) -> None:
         """``messages`` (each with a string ``role`` and a string or list ``content``),
         ``system`` (a string or a list of blocks), ``stream``, ``model``,
-        ``max_tokens``, ``tools``.
+        ``max_tokens`` (an integer from 1 to
+        :data:`~sidecar.gate.wire.base.MAX_OUTPUT_LIMIT`), ``tools``.
 
         :raises MalformedRequest: naming the field.
         """
@@ -276,9 +310,7 @@ class AnthropicMessages:
             or (isinstance(system, list) and all(isinstance(b, dict) for b in system))
         ):
             raise bad("system", "must be a string or a list of text blocks")
-        limit = body.get("max_tokens")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise bad("max_tokens", "must be an integer")
+        check_int(body.get("max_tokens"), "max_tokens", 1, MAX_OUTPUT_LIMIT)
         if "tools" in body and not isinstance(body["tools"], list | None):
             raise bad("tools", "must be a list of tools")
 
@@ -337,6 +369,26 @@ class AnthropicMessages:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
         return None
+
+    def spend(self, body: Mapping[str, Any]) -> Spend:
+        """One choice (the Messages API has no ``n``); unbounded: a field whose cost
+        is held or spent upstream (``container``, ``mcp_servers``), a server tool
+        (``tools.<i>.type`` other than ``custom``: web search, code execution, and
+        the Anthropic-defined tools, which add a system prompt of their own), or
+        media referenced by URL or file id (an ``image``/``document`` block's
+        ``source``, a ``container_upload``)."""
+        for name in HELD_UPSTREAM:
+            if body.get(name) not in (None, "", [], {}):
+                return Spend(unbounded=name)
+        tools = body.get("tools")
+        for i, tool in enumerate(tools if isinstance(tools, list) else []):
+            if isinstance(tool, dict) and tool.get("type", "custom") not in ("custom", None):
+                return Spend(unbounded=f"tools.{i}.type")
+        return Spend(unbounded=_unbounded_block(body.get("messages")))
+
+    def with_output_limit(self, body: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        """``max_tokens`` (the API requires it: an Anthropic turn is always bounded)."""
+        return {**body, "max_tokens": limit}
 
     def read_answer(self, answer: Any) -> Answer:
         """The ``tool_use`` blocks of ``content`` and ``usage``.

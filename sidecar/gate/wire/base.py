@@ -17,7 +17,7 @@ Each adapter names its :class:`Api` (``api``): which
 goes in, the request headers passed on unchanged, and where the agent's
 loopstop token is read from; the service reads these and never the format.
 
-An API that gives calls no id (Ollama) has its adapter number the
+An API that gives calls no id (Ollama, Gemini) has its adapter number the
 proposals by their position in the conversation (``number_calls``), and
 read the tool outputs coming back by the same numbers (``tool_outputs``).
 
@@ -40,6 +40,13 @@ from sidecar.errors import MalformedRequest
 #: Characters per token of the estimate used when the upstream reports no
 #: usage (a cut stream): the usual 4 characters of English per token.
 CHARS_PER_TOKEN = 4
+#: The most tokens one turn can report: past every model's context; a bigger
+#: count (10^308, 10^400) is not a count, read as no usage (never free).
+MAX_TURN_TOKENS = 100_000_000
+#: The largest output limit (``max_tokens`` ...) and choice count (``n``) a
+#: request may set: what no API accepts is refused at parse, naming the field.
+MAX_OUTPUT_LIMIT = 10_000_000
+MAX_CHOICES = 128
 
 
 class Framing(StrEnum):
@@ -168,6 +175,18 @@ class Usage:
 
 
 NO_USAGE = Usage()
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What bounds a request's cost besides its bytes and output limit (DESIGN §3
+    ``max_cost``): ``choices`` answers it asks for (each up to the output
+    limit), and ``unbounded``, the dotted path of a field whose cost the
+    request's own bytes do not bound (context held upstream, media by URL or
+    id, a hosted tool), None when there is none."""
+
+    choices: int = 1
+    unbounded: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +329,14 @@ class WireAdapter(Protocol):
         that the tool outputs of later requests name again."""
         ...
 
+    def spend(self, body: Mapping[str, Any]) -> Spend:
+        """What else bounds the request's cost (:class:`Spend`)."""
+        ...
+
+    def with_output_limit(self, body: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        """The request with ``limit`` as its output limit (it set none)."""
+        ...
+
     def read_answer(self, answer: Any) -> Answer:
         """Read a non-streamed answer (its parsed JSON; None when it was not JSON).
 
@@ -399,6 +426,34 @@ def parse_args(raw: Any) -> Any:
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` when it is a token count (an int, not a bool, from 0 to
+    :data:`MAX_TURN_TOKENS`), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TURN_TOKENS:
+        return value
+    return None
+
+
+def check_int(value: Any, field_path: str, low: int, most: int) -> None:
+    """Refuse ``value`` (when given) unless it is an integer from ``low`` to ``most``:
+    a number no API accepts is a 400 at parse, naming ``field_path``.
+
+    :raises MalformedRequest: naming the field.
+    """
+    if value is not None and not (
+        isinstance(value, int) and not isinstance(value, bool) and low <= value <= most
+    ):
+        raise bad(field_path, f"must be an integer from {low} to {most}")
+
+
+def input_bound(body: Mapping[str, Any]) -> int:
+    """A bound of the input tokens of the request ``body`` (what is sent
+    upstream): its UTF-8 bytes as compact JSON (a byte-level tokenizer's token
+    is never shorter than one byte)."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=str)
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def estimate_tokens(body: Mapping[str, Any], output_chars: int) -> int:

@@ -5,7 +5,8 @@ message; tool outputs are ``role: "tool"`` messages), proposals in
 ``message.tool_calls`` (``function.arguments`` is an object, not a string)
 and usage as ``prompt_eval_count + eval_count``. A stream is one JSON
 object per line, ending at the first ``done: true`` line; a line with an
-``error`` member is the upstream's error (the client raises it).
+``error`` member that is not null is the upstream's error (the client
+raises it); a null one is dropped from the line relayed.
 
 The API gives calls no id, and n8n's echo of an earlier call carries an id
 of LangChain's own (its tool messages carry none): the adapter numbers the
@@ -30,6 +31,7 @@ from typing import Any
 from sidecar.canonical import canonical_json
 from sidecar.gate.wire.base import (
     BEARER,
+    MAX_OUTPUT_LIMIT,
     Answer,
     Api,
     ErrorEvent,
@@ -40,15 +42,18 @@ from sidecar.gate.wire.base import (
     NotThisAnswer,
     Passed,
     Proposal,
+    Spend,
     Stamp,
     StreamBroken,
     StreamEvent,
     ToolOutput,
     Usage,
     bad,
+    check_int,
     json_frame,
     parse_args,
     rfc3339,
+    token_count,
 )
 
 #: The timings of an answer the gate writes itself (nanoseconds, all zero).
@@ -115,10 +120,7 @@ def call_id(digest: str, n: int) -> str:
     return f"ollama_{digest}_{n}"
 
 
-def _count(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+_count = token_count
 
 
 def _created_at(stamp: Stamp) -> str:
@@ -149,8 +151,12 @@ class OllamaStream:
     def feed(self, frame: Frame) -> list[StreamEvent]:
         """See :meth:`sidecar.gate.wire.base.StreamReader.feed`."""
         data = json_frame(frame)
-        if "error" in data:
+        if data.get("error") is not None:  # ``"error": null`` is no error
             return [ErrorEvent(frame.data.encode() + b"\n")]
+        raw = frame.data.encode() + b"\n"
+        if "error" in data:  # null: not relayed either (a client may test for the key)
+            data = {k: v for k, v in data.items() if k != "error"}
+            raw = line(data)
         self.base = self.base or data
         message = data.get("message")
         message = message if isinstance(message, dict) else {}
@@ -162,7 +168,6 @@ class OllamaStream:
         chars = sum(
             len(message[k]) for k in ("content", "thinking") if isinstance(message.get(k), str)
         )
-        raw = frame.data.encode() + b"\n"
         return [Held(raw, chars) if calls else Passed(raw, chars)]
 
     def end(self) -> Final:
@@ -199,7 +204,8 @@ class Ollama:
 
     def validate(self, body: Mapping[str, Any]) -> None:
         """``messages`` (each an object with a string ``role``), ``model``, ``stream``,
-        ``options``.
+        ``options`` (its ``num_predict`` an integer from -2, Ollama's "fill the
+        context", to :data:`~sidecar.gate.wire.base.MAX_OUTPUT_LIMIT`).
 
         :raises MalformedRequest: naming the field.
         """
@@ -213,8 +219,11 @@ class Ollama:
             raise bad("model", "must be a string")
         if "stream" in body and not isinstance(body["stream"], bool):
             raise bad("stream", "must be a boolean")
-        if "options" in body and not isinstance(body["options"], dict | None):
+        options = body.get("options")
+        if options is not None and not isinstance(options, dict):
             raise bad("options", "must be an object")
+        if isinstance(options, dict):
+            check_int(options.get("num_predict"), "options.num_predict", -2, MAX_OUTPUT_LIMIT)
 
     def streaming(self, body: Mapping[str, Any]) -> bool:
         """``stream`` unless it is ``false`` (Ollama streams by default)."""
@@ -278,6 +287,21 @@ class Ollama:
         return (
             value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
         )
+
+    def spend(self, body: Mapping[str, Any]) -> Spend:
+        """One choice; nothing unbounded: images come inline (base64) and the chat
+        API holds no context upstream (the ``context`` of ``/api/generate`` is not
+        the chat's)."""
+        return Spend()
+
+    def with_output_limit(self, body: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        """``options.num_predict`` (replacing ``-1``/``-2``, no limit), the other
+        options kept."""
+        options = body.get("options")
+        return {
+            **body,
+            "options": {**(options if isinstance(options, dict) else {}), "num_predict": limit},
+        }
 
     def number_calls(self, body: Mapping[str, Any], proposals: list[Proposal]) -> list[Proposal]:
         """The proposals numbered after the calls the conversation already holds

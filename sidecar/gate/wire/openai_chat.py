@@ -25,6 +25,7 @@ from sidecar.gate.wire.base import (
     NotThisAnswer,
     Passed,
     Proposal,
+    Spend,
     Stamp,
     StreamBroken,
     StreamEvent,
@@ -94,7 +95,7 @@ class ChatStream:
         if frame.data.strip() == "[DONE]":
             return [self.end()]
         chunk = json_frame(frame)
-        if "error" in chunk:
+        if chunk.get("error") is not None:  # ``"error": null`` is no error
             return [ErrorEvent(sse_frame(frame))]
         self.base = self.base or chunk
         choices = chunk.get("choices")
@@ -206,6 +207,14 @@ class OpenAIChat(OpenAIBase):
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 names.add(fn["name"])
         return frozenset(names)
+
+    def spend(self, body: Mapping[str, Any]) -> Spend:
+        """``n`` choices; media referenced in ``messages`` (see :func:`_openai.spend`)."""
+        return _openai.spend(body, "messages")
+
+    def with_output_limit(self, body: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        """``max_completion_tokens`` (what every current chat model takes)."""
+        return {**body, "max_completion_tokens": limit}
 
     def read_answer(self, answer: Any) -> Answer:
         """``choices[].message.tool_calls`` and ``usage``.

@@ -26,6 +26,7 @@ from sidecar.gate.wire.base import (
     NotThisAnswer,
     Passed,
     Proposal,
+    Spend,
     Stamp,
     StreamBroken,
     StreamEvent,
@@ -101,28 +102,53 @@ def _is_call(item: Any) -> bool:
     return isinstance(item, dict) and item.get("type") == "function_call"
 
 
+def _proposal(item: Mapping[str, Any]) -> Proposal:
+    return Proposal(
+        str(item.get("call_id") or ""),
+        str(item.get("name") or ""),
+        parse_args(item.get("arguments")),
+    )
+
+
 def _proposals(response: Mapping[str, Any]) -> list[Proposal]:
     output = response.get("output")
     return [
-        Proposal(
-            str(item.get("call_id") or item.get("id") or ""),
-            str(item.get("name") or ""),
-            parse_args(item.get("arguments")),
-        )
-        for item in (output if isinstance(output, list) else [])
-        if _is_call(item)
+        _proposal(item) for item in (output if isinstance(output, list) else []) if _is_call(item)
     ]
 
 
 class ResponsesStream:
     """Reads a Responses stream: events of ``function_call`` items are held,
     the others pass; the final event (``response.completed``, ``.incomplete``,
-    ``.failed``) carries the proposals and the usage."""
+    ``.failed``) carries the usage. The proposals are the calls the item events
+    streamed (what a client builds its tool calls from: ``output_item.added``,
+    the argument deltas, ``output_item.done``), then any call of the final
+    event's ``output`` they did not: every call relayed is a call decided."""
 
     def __init__(self) -> None:
-        self.calls: set[Any] = set()
+        #: the streamed function_call items by output_index, arguments joined
+        self.calls: dict[Any, dict[str, Any]] = {}
         self.last_seq = 0
         self.final: tuple[Frame, dict[str, Any], dict[str, Any]] | None = None
+
+    def _streamed(self, kind: str, data: Mapping[str, Any]) -> None:
+        at = data.get("output_index")
+        item = data.get("item")
+        if kind.startswith("response.output_item.") and isinstance(item, dict):
+            known = self.calls.setdefault(at, {"arguments": ""})
+            args = item.get("arguments")
+            known.update({k: v for k, v in item.items() if k != "arguments"})
+            if isinstance(args, str) and (args or kind.endswith(".done")):
+                known["arguments"] = args
+        elif kind == _CALL_EVENTS[0] and isinstance(data.get("delta"), str):
+            self.calls[at]["arguments"] = str(self.calls[at].get("arguments", "")) + data["delta"]
+        elif kind == _CALL_EVENTS[1] and isinstance(data.get("arguments"), str):
+            self.calls[at]["arguments"] = data["arguments"]
+
+    def _final_proposals(self, response: Mapping[str, Any]) -> list[Proposal]:
+        streamed = [_proposal(item) for _, item in sorted(self.calls.items(), key=_order)]
+        ids = {p.call_id for p in streamed}
+        return [*streamed, *(p for p in _proposals(response) if p.call_id not in ids)]
 
     def feed(self, frame: Frame) -> list[StreamEvent]:
         """See :meth:`sidecar.gate.wire.base.StreamReader.feed`."""
@@ -139,12 +165,14 @@ class ResponsesStream:
                     "the upstream model sent an unreadable final event", "bad_upstream_response"
                 )
             self.final = (frame, data, response)
-            return [Final(_proposals(response), OpenAIResponses.usage(response.get("usage")))]
+            usage = OpenAIResponses.usage(response.get("usage"))
+            return [Final(self._final_proposals(response), usage)]
         item = data.get("item")
         if kind.startswith("response.output_item.") and _is_call(item):
-            self.calls.add(data.get("output_index"))
+            self._streamed(kind, data)
             return [Held(sse_frame(frame))]
         if kind in _CALL_EVENTS and data.get("output_index") in self.calls:
+            self._streamed(kind, data)
             return [Held(sse_frame(frame))]
         chars = 0
         if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
@@ -172,6 +200,11 @@ class ResponsesStream:
         done = {**response, "output": [*kept, item], "status": "completed"}
         completed = {**data, "type": "response.completed", "sequence_number": seq()}
         return [*events, sse({**completed, "response": done}, "response.completed")]
+
+
+def _order(entry: tuple[Any, dict[str, Any]]) -> tuple[int, str]:
+    at = entry[0]
+    return (at, "") if isinstance(at, int) and not isinstance(at, bool) else (1 << 62, str(at))
 
 
 class OpenAIResponses(OpenAIBase):
@@ -235,6 +268,15 @@ class OpenAIResponses(OpenAIBase):
             and t.get("type") == "function"
             and isinstance(t.get("name"), str)
         )
+
+    def spend(self, body: Mapping[str, Any]) -> Spend:
+        """Context held upstream, hosted tools, media referenced in ``input``
+        (see :func:`_openai.spend`)."""
+        return _openai.spend(body, "input")
+
+    def with_output_limit(self, body: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        """``max_output_tokens``."""
+        return {**body, "max_output_tokens": limit}
 
     def read_answer(self, answer: Any) -> Answer:
         """``output[]`` items of type ``function_call`` and ``usage``.
