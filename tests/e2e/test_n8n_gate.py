@@ -379,7 +379,7 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
         timeout=10,
     )
     assert r.status_code == 200, r.text
-    assert [e["execution_id"] for e in r.json()["executions"]] == [d.execution["id"]]
+    assert [e["execution_id"] for e in r.json()["executions"]] == [str(d.execution["id"])]
 
 
 def test_a_create_task_node_and_a_task_line(stack: Stack) -> None:
