@@ -8,20 +8,28 @@ Each copy is one guarded write: ``begin`` (with its own ``execution_id``) and,
 when the answer is ``execute``, the write (counted here) and its ``commit``;
 every request goes to a randomly chosen instance. The copies of an event are
 sent together, so they race each other on the store. It starts a private
-PostgreSQL cluster (the tests' ``PostgresServer``, fsync on) and two
+PostgreSQL cluster (``initdb`` into a temporary folder, fsync on, a free
+loopback port; the server programs are found as the tests find them:
+``LOOPSTOP_TEST_PG_BIN``, ``/usr/lib/postgresql/*/bin``, then PATH) and two
 ``loopstop serve`` instances (2 workers each, logging at the production
 default, INFO), then prints the decisions, side effects per event, the
 store's lost compare-and-sets (``loopstop_store_conflicts_total``) and every
 log line at WARNING or above, and a traceback count. Exits 1 when an event
 was written other than once or any instance logged a warning or a traceback.
+
+It needs only loopstop installed (``./scripts/serve`` makes such a venv) and
+PostgreSQL's server programs, not the test dependencies.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import random
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,11 +39,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psycopg
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from run import SECRET, TOKEN, free_port, wait_ready  # noqa: E402
 
@@ -45,6 +53,76 @@ tokens:
 operations: {max_open_per_workflow: 1000000}
 """
 NOISY = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback")
+
+
+def pg_program(name: str) -> str:
+    """A PostgreSQL server program (``initdb``, ``postgres``), found as the tests find it.
+
+    :raises SystemExit: it is not installed.
+    """
+    folder = os.environ.get("LOOPSTOP_TEST_PG_BIN")
+    candidates = [os.path.join(folder, name)] if folder else []
+    candidates += sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    candidates += [found] if (found := shutil.which(name)) else []
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise SystemExit(f"PostgreSQL's {name} is not installed (package postgresql)")
+
+
+class Cluster:
+    """A private PostgreSQL cluster on a free loopback port, fsync on, trusting loopback.
+
+    As root the cluster belongs to ``nobody`` (``initdb`` refuses root).
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.user = "nobody" if os.geteuid() == 0 else None
+        self.root = Path(tempfile.mkdtemp(prefix="loopstop-duplicates-pg-"))
+        self.url = f"postgresql://loopstop@127.0.0.1:{self.port}/postgres"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Cluster:
+        """Run ``initdb`` and ``postgres``; wait (30 s at most) until it takes connections."""
+        data = str(self.root / "data")
+        if self.user:
+            os.chmod(self.root, 0o755)
+            shutil.chown(self.root, self.user)
+        quiet = subprocess.DEVNULL
+        initdb = [pg_program("initdb"), "-D", data, "-U", "loopstop", "--auth=trust"]
+        subprocess.run(
+            [*initdb, "-E", "UTF8", "--locale=C", "--no-sync"],
+            check=True,
+            stdout=quiet,
+            stderr=quiet,
+            user=self.user,
+        )
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.root),
+            "fsync": "on",
+            "max_connections": "400",
+        }
+        options = [arg for k, v in settings.items() for arg in ("-c", f"{k}={v}")]
+        server = [pg_program("postgres"), "-D", data, "-p", str(self.port), *options]
+        self.proc = subprocess.Popen(server, stdout=quiet, stderr=quiet, user=self.user)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(self.url, connect_timeout=1).close()
+                return self
+            except psycopg.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("postgres did not start") from None
+                time.sleep(0.1)
+
+    def cleanup(self) -> None:
+        """Stop the server (a fast shutdown) and remove the cluster."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(30)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def start(store: str, workdir: Path, workers: int) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -100,10 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2, help="gunicorn workers per instance")
     args = ap.parse_args(argv)
-    from conftest import PostgresServer  # the tests' private cluster
-
     tmp = Path(tempfile.mkdtemp(prefix="loopstop-duplicates-"))
-    pg = PostgresServer(fsync=True).start()
+    pg = Cluster().start()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         started = [start(pg.url, tmp, args.workers) for _ in range(2)]

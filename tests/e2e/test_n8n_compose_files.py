@@ -136,7 +136,7 @@ def test_the_gate_only_agent_is_ended_by_the_gate(stack: Stack) -> None:
     assert r.json()["output"].startswith("[loopstop] This task has ended: partial (same_call)")
     task = requests.post(
         stack.sidecar.base + "/v1/tasks",
-        json={"task_key": "lsExGateAgent001-T-1"},
+        json={"task_key": "lsExGateAgent001-T-1", "workflow": "lsExGateAgent001"},
         headers={"Authorization": f"Bearer {TOKEN}"},
         timeout=10,
     )

@@ -353,7 +353,8 @@ def _assert_same_call(stack: Stack, d: Driven, ticket: str, task: dict[str, Any]
 
 
 def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
-    """Webhook trigger, Responses API (the node's default), only a loopstop-task-key line."""
+    """Webhook trigger, Responses API (the node's default), a loopstop-task-key line with
+    the workflow and execution lines."""
     stack.llm.mode = "tool_call"
     wid = "lsExGateAgent001"
     d = _drive(
@@ -369,8 +370,16 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
     # the tool outputs came back as function_call_output items with the upstream's call ids
     outputs = [i for i in d.upstream[-1]["input"] if i.get("type") == "function_call_output"]
     assert len(outputs) == MAX_SAME_CALL
-    task = stack.task_by_key(f"{wid}-T-1")
+    task = stack.task_by_key(f"{wid}-T-1", wid)  # the task names its workflow
     _assert_same_call(stack, d, "T-1", task)
+    # the loopstop-execution line: the execution is known, so a task stop can reach it
+    r = requests.get(
+        f"{stack.sidecar.base}/v1/tasks/{task['task']['task_id']}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    assert [e["execution_id"] for e in r.json()["executions"]] == [str(d.execution["id"])]
 
 
 def test_a_create_task_node_and_a_task_line(stack: Stack) -> None:
@@ -429,7 +438,7 @@ def test_the_responses_api_switched_off(stack: Stack) -> None:
     assert set(d.paths) == {"/v1/chat/completions"}
     tools = [m for m in d.upstream[-1]["messages"] if m["role"] == "tool"]
     assert len(tools) == MAX_SAME_CALL
-    task = stack.task_by_key(f"{wid}-T-4")
+    task = stack.task_by_key(f"{wid}-T-4", wid)
     _assert_same_call(stack, d, "T-4", task)
 
 
@@ -529,7 +538,7 @@ def test_an_upstream_failure_is_one_counted_turn_and_fails_the_execution(
     assert len(d.upstream) == 1  # no retry
     assert len(stack.recorder.for_ticket(ticket)) == 0
     assert d.run["resultData"].get("error"), "n8n recorded the failure"
-    used = stack.task_by_key(f"{wid}-{ticket}")["task"]["used"]
+    used = stack.task_by_key(f"{wid}-{ticket}", wid)["task"]["used"]
     assert used["model_calls"] == 1 and used["tokens"] > 0  # counted, by an estimate
 
 

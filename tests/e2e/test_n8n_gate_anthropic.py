@@ -74,10 +74,13 @@ class Stack:
     recorder: Recorder
     flows: dict[str, dict[str, Any]]
 
-    def task_by_key(self, key: str) -> dict[str, Any]:
+    def task_by_key(self, key: str, workflow: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"task_key": key}
+        if workflow is not None:
+            body["workflow"] = workflow
         r = requests.post(
             self.sidecar.base + "/v1/tasks",
-            json={"task_key": key},
+            json=body,
             headers={"Authorization": f"Bearer {TOKEN}"},
             timeout=10,
         )
@@ -206,7 +209,7 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
         assert headers["x-api-key"] == UPSTREAM_KEY
         assert headers["anthropic-version"] == "2023-06-01"
         assert TOKEN not in json.dumps(headers)
-    task = stack.task_by_key(f"{wid}-A-1")
+    task = stack.task_by_key(f"{wid}-A-1", wid)
     assert (task["envelope"]["status"], task["envelope"]["reason"]) == ("partial", "same_call")
     assert task["task"]["used"]["tool_calls"] == MAX_SAME_CALL
     assert task["task"]["used"]["tokens"] == 30  # 7 in + 3 out per turn

@@ -228,7 +228,7 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
     for headers in stack.llm.headers[before:]:
         assert headers["api-key"] == "azure-upstream-fake"
         assert not any(TOKEN in v for v in headers.values())
-    _assert_same_call(stack, d, "A-1", stack.task_by_key(f"{WID}-A-1"))
+    _assert_same_call(stack, d, "A-1", stack.task_by_key(f"{WID}-A-1", WID))
 
 
 def test_the_same_flow_straight_at_the_model_runs_to_max_iterations(stack: Stack) -> None:

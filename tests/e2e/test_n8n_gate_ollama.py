@@ -209,7 +209,7 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
     for headers in stack.llm.headers[before:]:
         assert "authorization" not in {k.lower() for k in headers}
         assert not any(TOKEN in v for v in headers.values())
-    _assert_same_call(stack, d, "O-1", stack.task_by_key(f"{WID}-O-1"))
+    _assert_same_call(stack, d, "O-1", stack.task_by_key(f"{WID}-O-1", WID))
 
 
 def test_the_same_flow_straight_at_the_model_runs_to_max_iterations(stack: Stack) -> None:
