@@ -191,7 +191,7 @@ def test_the_shipped_example_is_ended_by_the_gate(stack: Stack) -> None:
     assert len(_runs(d.run, "add_note")) == MAX_SAME_CALL
     _assert_ended(stack, d.upstream, _agent_output(d.run), ticket)
     assert len(d.upstream) == MAX_SAME_CALL + 1
-    task = stack.task_by_key(f"{WID}-{ticket}")
+    task = stack.task_by_key(f"{WID}-{ticket}", WID)  # the task names its workflow
     assert (task["envelope"]["status"], task["envelope"]["reason"]) == ("partial", "same_call")
     assert task["task"]["used"]["tool_calls"] == MAX_SAME_CALL
     assert task["task"]["used"]["tokens"] == 10 * (MAX_SAME_CALL + 1)
