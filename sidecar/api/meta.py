@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from flask import Blueprint, Response, g, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from sidecar import metrics
 from sidecar.api import openapi
@@ -80,7 +80,14 @@ def metrics_route() -> Response:
 
 @public.get("/openapi.json")
 def openapi_json() -> Response:
-    return jsonify(openapi.document())
+    # Built once per app: the document is fixed once the routes are registered, and
+    # building it costs tens of milliseconds of CPU, which an unauthenticated
+    # client asking for it again and again would otherwise spend on every request.
+    cached: bytes | None = current_app.extensions.get("loopstop.openapi")
+    if cached is None:
+        cached = jsonify(openapi.document()).get_data()
+        current_app.extensions["loopstop.openapi"] = cached
+    return Response(cached, mimetype="application/json")
 
 
 @route(
