@@ -22,7 +22,7 @@ from conftest import SECRET, Api, PostgresServer, RedisServer, SentinelCluster
 from sidecar.app import create_app
 from sidecar.store import store_from_url
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.all_stores]
 
 
 def test_redis_killed_after_commits_keeps_every_committed_operation(tmp_path: Path) -> None:

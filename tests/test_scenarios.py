@@ -14,6 +14,7 @@ from sidecar import replay
 SCENARIOS = sorted((Path(__file__).parent / "scenarios").glob("*.json"))
 
 
+@pytest.mark.all_stores  # the trajectories replayed on every store
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario(path: Path, store_url: str) -> None:
     scenario = replay.load(path)

@@ -18,6 +18,8 @@ from sidecar.store.base import SCHEMA_VERSION, Doc, T, TxnFn
 from sidecar.store.postgres import LOCK_CLASS, PostgresStore
 from sidecar.store.redis import RedisStore
 
+pytestmark = pytest.mark.all_stores  # they face the store: every backend
+
 
 def put(store: Store, key: str, doc: dict | None, ttl_s: float | None = None) -> None:
     store.transact([key], lambda snap: Plan(None, {key: Write(doc, ttl_s)}))
