@@ -616,6 +616,31 @@ def test_recent_likely_on_redis_saves_the_read_and_checks_the_guess(
     other.close()
 
 
+def test_a_fresh_postgres_database_gets_its_schema(postgres_server: PostgresServer) -> None:
+    """What the tests' reset (a ``TRUNCATE``) keeps: on a database without loopstop's
+    tables ``ensure_schema`` creates them and their functions and stamps the version."""
+    import psycopg
+
+    postgres_server.drop()
+    store = PostgresStore(postgres_server.url)
+    try:
+        assert store.ensure_schema() == SCHEMA_VERSION
+        with psycopg.connect(postgres_server.url) as pg:
+            tables = pg.execute(
+                "SELECT tablename FROM pg_tables WHERE tablename LIKE 'loopstop_%' ORDER BY 1"
+            ).fetchall()
+            functions = pg.execute(
+                "SELECT proname FROM pg_proc WHERE proname LIKE 'loopstop_%' ORDER BY 1"
+            ).fetchall()
+        assert tables == [("loopstop_idx",), ("loopstop_kv",), ("loopstop_meta",)]
+        assert functions == [("loopstop_check",), ("loopstop_increment",)]
+        assert store._read_schema_version() == SCHEMA_VERSION
+        put(store, "a", {"n": 1})
+        assert store.get("a") == {"n": 1}
+    finally:
+        store.close()
+
+
 def _postgres(server: PostgresServer, query: str = "", timeout_s: float = 2.0) -> PostgresStore:
     """A PostgresStore on an emptied database (``query``: the store's URL parameters)."""
     server.reset()

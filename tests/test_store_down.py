@@ -296,7 +296,7 @@ def test_emptied_or_replaced_postgres_database_is_refused_until_accepted(
     assert api.begin("a")["decision"] == "execute"
     assert api.post("/v1/operations/a/commit", {"attempt": 1, "receipt": "r"})[0] == 200
 
-    postgres_server.reset()  # emptied: no loopstop table left
+    postgres_server.drop()  # emptied: no loopstop table left
     for _ in range(2):
         status, body = api.post("/v1/operations/a/begin", {"payload": {"x": 1}})
         assert status == 503 and "accept-store" in body["detail"], body
@@ -458,7 +458,7 @@ def test_serve_on_postgres_creates_the_schema_and_refuses_a_newer_one(
     from conftest import free_port
     from sidecar.store.base import SCHEMA_VERSION
 
-    postgres_server.reset()
+    postgres_server.drop()  # a fresh database
     env = {"LOOPSTOP_STORE": postgres_server.url, "LOOPSTOP_SECRET": SECRET}
     served = Sidecar(tmp_path, env, workers=1).start()
     try:
