@@ -60,6 +60,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 15.0) -> None:
+    """Poll ``condition`` every 10 ms until it is true (a wait for something observable,
+    not a guessed sleep); fail the test naming ``what`` after ``timeout_s`` real seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:g} s for {what}")
+        time.sleep(0.01)
+
+
 def redis_server_binary() -> str:
     """``LOOPSTOP_TEST_REDIS_SERVER`` or ``redis-server`` on PATH; fail loudly otherwise."""
     found = os.environ.get("LOOPSTOP_TEST_REDIS_SERVER") or shutil.which("redis-server")

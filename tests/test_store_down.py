@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from conftest import SECRET, Api, Clock, PostgresServer, RedisServer
+from conftest import SECRET, Api, Clock, PostgresServer, RedisServer, wait_until
 from sidecar.app import create_app
 from sidecar.store import store_from_url
 
@@ -65,13 +65,25 @@ def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> N
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
         for t in threads:
             t.start()
-        time.sleep(0.4)
+        wait_until(
+            lambda: len(results) >= 16 and len(activations) >= 2, "decisions before the outage"
+        )
         server.stop("kill")
         killed_at = len(results)
-        time.sleep(0.6)
+        wait_until(  # the outage is seen by every kind of decision
+            lambda: any(s == 503 for _, s, _ in results[killed_at:])
+            and any(s == 503 for s, _ in activations)
+            and any(s == 503 for s, _ in tool_calls),
+            "503s during the outage",
+        )
         during = len(results) - killed_at
         server.start()
-        time.sleep(0.6)
+        restarted_at = len(results)
+        wait_until(  # every thread decides again
+            lambda: {op.split("-")[0] for op, s, _ in results[restarted_at:] if s == 200}
+            == {f"w{n}" for n in range(8)},
+            "decisions on every thread after the restart",
+        )
         stop.set()
         for t in threads:
             t.join()
