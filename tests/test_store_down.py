@@ -71,17 +71,21 @@ def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> N
         server.stop("kill")
         killed_at = len(results)
         wait_until(  # the outage is seen by every kind of decision
-            lambda: any(s == 503 for _, s, _ in results[killed_at:])
-            and any(s == 503 for s, _ in activations)
-            and any(s == 503 for s, _ in tool_calls),
+            lambda: (
+                any(s == 503 for _, s, _ in results[killed_at:])
+                and any(s == 503 for s, _ in activations)
+                and any(s == 503 for s, _ in tool_calls)
+            ),
             "503s during the outage",
         )
         during = len(results) - killed_at
         server.start()
         restarted_at = len(results)
         wait_until(  # every thread decides again
-            lambda: {op.split("-")[0] for op, s, _ in results[restarted_at:] if s == 200}
-            == {f"w{n}" for n in range(8)},
+            lambda: (
+                {op.split("-")[0] for op, s, _ in results[restarted_at:] if s == 200}
+                == {f"w{n}" for n in range(8)}
+            ),
             "decisions on every thread after the restart",
         )
         stop.set()
