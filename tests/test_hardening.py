@@ -227,6 +227,7 @@ def test_only_checks_asking_the_system_of_record_may_reconcile(
         assert out["decision"] == "execute"
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_check_config_refuses_a_write_tool_whose_check_asks_nothing(tmp_path: Path) -> None:
     config = tmp_path / "loopstop.yaml"
     config.write_text(
@@ -404,6 +405,7 @@ def test_a_tasks_writes_count_toward_the_configured_open_bound(make_app: AppFact
     assert (status, call["decision"]) == (200, "execute"), call
 
 
+@pytest.mark.slow  # runs the CLI in a process
 @pytest.mark.all_stores  # each store's expiry and purge
 def test_purge_and_expiry_never_delete_an_open_or_unknown_operation(
     make_app: AppFactory, store_url: str, clock: Clock, tmp_path: Path

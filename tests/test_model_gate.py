@@ -909,6 +909,7 @@ def test_an_upstream_that_drips_is_cut_at_the_gate_timeout(
 EXAMPLES = Path(__file__).resolve().parents[1] / "workflows-examples"
 
 
+@pytest.mark.slow  # runs the CLI in a process
 @pytest.mark.slow
 def test_the_offline_walk_through_ends_a_looping_model(tmp_path: Path) -> None:
     """docs/loops/model-gate.md, "Try it without a model account": the stand-in model as

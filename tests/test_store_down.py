@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from conftest import SECRET, Api, Clock, PostgresServer, RedisServer, wait_until
 from sidecar.app import create_app
 from sidecar.store import store_from_url
+
+pytestmark = pytest.mark.slow  # it starts and stops its own Redis and PostgreSQL servers
 
 
 def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> None:
