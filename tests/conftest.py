@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import tempfile
 import time
@@ -52,6 +53,20 @@ TOKENS_ENV = {
     "LOOPSTOP_TOKEN_ADMIN": ADMIN_TOKEN,
     "LOOPSTOP_TOKEN_SCOPED": SCOPED_TOKEN,
 }
+
+
+#: How often the tests' in-process HTTP servers (the fake n8n, upstream models,
+#: systems of record; http.server and Werkzeug alike) look for ``shutdown()``.
+#: The standard library's 0.5 s made every such test's teardown wait half a second.
+SERVER_POLL_S = 0.01
+_serve_forever = socketserver.BaseServer.serve_forever
+
+
+def _serve_forever_polling_fast(self: socketserver.BaseServer, poll_interval: float = 0.5) -> None:
+    _serve_forever(self, min(poll_interval, SERVER_POLL_S))
+
+
+socketserver.BaseServer.serve_forever = _serve_forever_polling_fast  # type: ignore[method-assign]
 
 
 def free_port() -> int:
@@ -541,9 +556,9 @@ def api(make_app: AppFactory) -> Api:
 
 
 #: Markers and fixtures that keep a test out of the ``quick`` tier: a process it
-#: starts (gunicorn, n8n, a CLI run) or a store server it talks to.
+#: starts (gunicorn, n8n, a CLI run: ``slow``) or a store server it talks to.
 NOT_QUICK_MARKERS = ("slow", "n8n", "redis", "postgres")
-NOT_QUICK_FIXTURES = frozenset({"redis_server", "postgres_server", "served"})
+NOT_QUICK_FIXTURES = frozenset({"redis_server", "postgres_server"})
 
 
 def is_quick(item: pytest.Item) -> bool:
