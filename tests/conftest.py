@@ -1,9 +1,16 @@
 """Shared fixtures: a real redis-server and PostgreSQL on free ports, every store, app factories.
 
-Every store test runs on ``sqlite`` (a temp file), ``redis`` (a
-``redis-server`` this session starts; never the machine's 6379) and
-``postgres`` (a private cluster made with ``initdb`` in a temp folder and
-started on a free port; never the machine's 5432).
+The store matrix runs where the store matters: a test (or a module, by
+``pytestmark``) marked ``all_stores`` runs on ``sqlite`` (a temp file),
+``redis`` (a ``redis-server`` this session starts; never the machine's 6379)
+and ``postgres`` (a private cluster made with ``initdb`` in a temp folder and
+started on a free port; never the machine's 5432); every other test that
+uses a store (``store_url``, ``store``, ``make_app``, ``api``) runs on SQLite
+alone. Each generated item carries the marker of its store (``-m redis``).
+
+Tiers: ``quick`` is given here to every test that starts no process (not
+``slow``, no ``n8n``, no served sidecar) and touches neither Redis nor
+PostgreSQL: the rule and API tests a contributor runs on every change.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import tempfile
 import time
@@ -47,10 +55,34 @@ TOKENS_ENV = {
 }
 
 
+#: How often the tests' in-process HTTP servers (the fake n8n, upstream models,
+#: systems of record; http.server and Werkzeug alike) look for ``shutdown()``.
+#: The standard library's 0.5 s made every such test's teardown wait half a second.
+SERVER_POLL_S = 0.01
+_serve_forever = socketserver.BaseServer.serve_forever
+
+
+def _serve_forever_polling_fast(self: socketserver.BaseServer, poll_interval: float = 0.5) -> None:
+    _serve_forever(self, min(poll_interval, SERVER_POLL_S))
+
+
+socketserver.BaseServer.serve_forever = _serve_forever_polling_fast  # type: ignore[method-assign]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 15.0) -> None:
+    """Poll ``condition`` every 10 ms until it is true (a wait for something observable,
+    not a guessed sleep); fail the test naming ``what`` after ``timeout_s`` real seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:g} s for {what}")
+        time.sleep(0.01)
 
 
 def redis_server_binary() -> str:
@@ -235,13 +267,30 @@ class PostgresServer:
                 stale.unlink()
 
     def reset(self) -> None:
-        """An empty store: drop what a previous test left."""
+        """An empty store: empty loopstop's tables (one ``TRUNCATE``), keeping the schema.
+
+        The next ``ensure_schema`` finds the tables and stamps the version and a new
+        store identity, as on a fresh database; a database without loopstop's
+        tables (the first test, or a test that dropped one) is dropped clean
+        instead. ``drop`` gives a fresh database every time.
+        """
+        import psycopg
+        from psycopg import errors as pgerrors
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            try:
+                conn.execute("TRUNCATE loopstop_kv, loopstop_idx, loopstop_meta")
+            except pgerrors.UndefinedTable:
+                self.drop()
+
+    def drop(self) -> None:
+        """A fresh database: drop loopstop's tables and functions."""
         import psycopg
 
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(
                 "DROP TABLE IF EXISTS loopstop_kv, loopstop_idx, loopstop_meta CASCADE; "
-                "DROP FUNCTION IF EXISTS loopstop_increment"
+                "DROP FUNCTION IF EXISTS loopstop_increment, loopstop_check"
             )
 
     def cleanup(self) -> None:
@@ -404,18 +453,38 @@ def clock() -> Clock:
 STORES = ["sqlite", "redis", "postgres"]
 
 
-@pytest.fixture(params=STORES)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, empty store URL of each kind."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/loopstop.db"
-    if request.param == "postgres":
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give ``store_kind`` (hence ``store_url``, ``store``, ``make_app``, ``api``) every
+    store under the ``all_stores`` marker, SQLite alone otherwise; each value carries
+    its store's marker. Module-scoped, so a module-scoped server can follow it."""
+    if "store_kind" not in metafunc.fixturenames:
+        return
+    kinds = STORES if metafunc.definition.get_closest_marker("all_stores") else STORES[:1]
+    metafunc.parametrize(
+        "store_kind",
+        [pytest.param(kind, marks=getattr(pytest.mark, kind)) for kind in kinds],
+        scope="module",
+    )
+
+
+def empty_store_url(kind: str, folder: Path, request: pytest.FixtureRequest) -> str:
+    """An empty store of ``kind`` (sqlite, redis, postgres): a new SQLite file in
+    ``folder``, or the session's Redis database flushed / PostgreSQL tables emptied."""
+    if kind == "sqlite":
+        return f"sqlite:///{folder}/loopstop.db"
+    if kind == "postgres":
         pg: PostgresServer = request.getfixturevalue("postgres_server")
         pg.reset()
         return pg.url
     server: RedisServer = request.getfixturevalue("redis_server")
     server.client().flushdb()
     return server.url
+
+
+@pytest.fixture
+def store_url(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store URL of this test's kind (see ``pytest_generate_tests``)."""
+    return empty_store_url(store_kind, tmp_path, request)
 
 
 @pytest.fixture
@@ -486,9 +555,30 @@ def api(make_app: AppFactory) -> Api:
     return Api(make_app().test_client())
 
 
+#: Markers and fixtures that keep a test out of the ``quick`` tier: a process it
+#: starts (gunicorn, n8n, a CLI run: ``slow``) or a store server it talks to.
+NOT_QUICK_MARKERS = ("slow", "n8n", "redis", "postgres")
+NOT_QUICK_FIXTURES = frozenset({"redis_server", "postgres_server"})
+
+
+def is_quick(item: pytest.Item) -> bool:
+    """The ``quick`` tier: outside tests/e2e, none of ``NOT_QUICK_MARKERS`` (a test on
+    SQLite or on no store at all) and none of ``NOT_QUICK_FIXTURES``."""
+    if "e2e" in item.path.parts:
+        return False
+    if any(item.get_closest_marker(name) for name in NOT_QUICK_MARKERS):
+        return False
+    return not NOT_QUICK_FIXTURES & set(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: ``-m quick`` sees the marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the real-n8n suite after everything else (it is the slowest to start), and the
-    queue-mode n8n last of all: its stack is session-scoped, so it then runs alone."""
+    """Mark the ``quick`` tier; run the real-n8n suite after everything else (it is the
+    slowest to start), and the queue-mode n8n last of all: its stack is session-scoped,
+    so it then runs alone."""
+    for item in items:
+        if is_quick(item):
+            item.add_marker(pytest.mark.quick)
     items.sort(
         key=lambda item: (
             item.get_closest_marker("n8n") is not None,

@@ -229,6 +229,7 @@ def test_test_mode_activations_are_separate(api: Api) -> None:
     assert activate(api, event_key="t1", content={"a": 1})["reason"] == "new_chain"
 
 
+@pytest.mark.all_stores  # each store's own expiry
 def test_every_gate_key_expires(api: Api, store_url: str) -> None:
     """Activations, effects, windows and chains all carry a TTL (Redis shows it directly)."""
     if not store_url.startswith("redis"):
@@ -369,6 +370,7 @@ def test_odd_workflow_paths_and_ttls_are_refused(api: Api) -> None:
     assert status == 422
 
 
+@pytest.mark.all_stores  # concurrent increments, per store
 def test_workflow_rate_breaker_counts_across_windows_and_concurrent_activations(
     make_app: Any, clock: Clock
 ) -> None:

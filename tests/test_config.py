@@ -152,6 +152,7 @@ def test_store_url_from_environment_wins(tmp_path: Path) -> None:
     assert s.store == "redis://h:1/0"
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_check_config_ok_and_errors(tmp_path: Path) -> None:
     (tmp_path / "good.yaml").write_text(FULL)
     out = cli("check-config", cwd=tmp_path, env={**ENV, "LOOPSTOP_CONFIG": "good.yaml"})
@@ -184,6 +185,7 @@ def test_check_config_ok_and_errors(tmp_path: Path) -> None:
     assert out.returncode == 1 and "cannot read YAML" in out.stderr
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_redis_store_requires_a_configured_secret(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         create_app({"store": "redis://127.0.0.1:1/0"}, environ={})

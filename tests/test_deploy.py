@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import Api, AppFactory
@@ -134,6 +135,7 @@ def test_alert_rules_use_exported_metrics(make_app: AppFactory) -> None:
             assert f"# TYPE {name.removesuffix('_total')}" in exported or name in exported, name
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_the_images_entry_command_runs(tmp_path: Path) -> None:
     """No Docker engine here: run what the image runs (`loopstop serve`) as the image
     would be configured, and check it refuses to listen publicly without tokens."""
@@ -177,6 +179,7 @@ def test_compose_file_is_valid_against_the_compose_specification() -> None:
     ]
 
 
+@pytest.mark.slow  # runs promtool
 def test_alert_rules_pass_promtool() -> None:
     import shutil
     import subprocess
@@ -196,6 +199,7 @@ def test_alert_rules_pass_promtool() -> None:
     assert out.returncode == 0 and "SUCCESS: 7 rules found" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.slow  # runs hadolint
 def test_dockerfile_passes_hadolint() -> None:
     import shutil
     import subprocess

@@ -18,11 +18,11 @@ import pytest
 import requests
 from test_serve import Sidecar
 
-from conftest import SECRET, Api, PostgresServer, RedisServer, SentinelCluster
+from conftest import SECRET, Api, PostgresServer, RedisServer, SentinelCluster, wait_until
 from sidecar.app import create_app
 from sidecar.store import store_from_url
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.all_stores]
 
 
 def test_redis_killed_after_commits_keeps_every_committed_operation(tmp_path: Path) -> None:
@@ -209,7 +209,7 @@ def test_sentinel_failover_under_load_loses_no_acknowledged_commit(tmp_path: Pat
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        wait_until(lambda: len(acknowledged) >= 8, "commits before the failover")
         failed_over_at = time.monotonic()
         cluster.primary.stop("kill")  # the primary's host dies; the sentinels fail over
         deadline = failed_over_at + 12
@@ -349,10 +349,11 @@ def test_postgres_killed_under_load_fails_closed_and_recovers(tmp_path: Path) ->
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.8)
+        wait_until(lambda: len(committed) >= 8, "commits before the kill")
         server.stop("kill")
         killed_at = len(statuses)
-        time.sleep(2.0)  # past the decision timeout (1 s): the outage's answers are in
+        # Past the decision timeout (1 s) the outage's answers come in.
+        wait_until(lambda: 503 in statuses[killed_at:], "a 503 during the outage")
         during = statuses[killed_at:]
         server.start()
         deadline = time.monotonic() + 15

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_serve import Sidecar, write_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.all_stores]  # a store's own 500s too
 
 TOKEN = "fuzz-token-0123456789"
 

@@ -227,6 +227,7 @@ def test_only_checks_asking_the_system_of_record_may_reconcile(
         assert out["decision"] == "execute"
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_check_config_refuses_a_write_tool_whose_check_asks_nothing(tmp_path: Path) -> None:
     config = tmp_path / "loopstop.yaml"
     config.write_text(
@@ -292,6 +293,7 @@ def test_the_shared_namespace_needs_a_token_holding_every_workflow(api: Api) -> 
     assert api.begin("global:1", 1, workflow="wf-a")["decision"] == "replay"
 
 
+@pytest.mark.all_stores  # a record in the old layout, per store
 def test_a_record_made_before_namespaces_is_still_replayed(api: Api, store: Store) -> None:
     """A committed write stored under the id alone (the old layout) must not run again."""
     doc = {
@@ -403,6 +405,8 @@ def test_a_tasks_writes_count_toward_the_configured_open_bound(make_app: AppFact
     assert (status, call["decision"]) == (200, "execute"), call
 
 
+@pytest.mark.slow  # runs the CLI in a process
+@pytest.mark.all_stores  # each store's expiry and purge
 def test_purge_and_expiry_never_delete_an_open_or_unknown_operation(
     make_app: AppFactory, store_url: str, clock: Clock, tmp_path: Path
 ) -> None:

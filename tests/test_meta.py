@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from openapi_spec_validator import validate
 
 from conftest import ADMIN_TOKEN, Api, AppFactory
 
 
+@pytest.mark.all_stores  # the backend /readyz names
 def test_healthz_and_readyz(api: Api, store_url: str) -> None:
     assert api.get("/healthz", token=None) == (200, {"status": "ok"})
     status, body = api.get("/readyz", token=None)
@@ -14,6 +16,7 @@ def test_healthz_and_readyz(api: Api, store_url: str) -> None:
     assert body["store"]["backend"] == store_url.split(":")[0]
 
 
+@pytest.mark.all_stores  # a backend-specific warning
 def test_redis_without_persistence_is_a_readiness_warning(api: Api, store_url: str) -> None:
     status, body = api.get("/readyz", token=None)
     if store_url.startswith("redis"):

@@ -768,6 +768,7 @@ def test_an_unpriced_model_is_refused_when_the_task_has_a_money_budget(
     assert turn(api, "chat", b.id, model="unpriced-model")[0] == 200
 
 
+@pytest.mark.all_stores  # a race on the store
 def test_concurrent_turns_of_one_task_never_overspend(make_app: AppFactory, llm: FakeLLM) -> None:
     """Eight turns at once, each reserving 5 against max_cost 12: at most two are
     forwarded, and what was settled never passes the budget."""
@@ -788,6 +789,7 @@ def test_concurrent_turns_of_one_task_never_overspend(make_app: AppFactory, llm:
     assert used(api, a.id)["cost"] <= 12
 
 
+@pytest.mark.all_stores  # a race on the store
 def test_concurrent_answered_turns_settle_within_the_budget(
     make_app: AppFactory, llm: FakeLLM
 ) -> None:
@@ -925,6 +927,7 @@ def test_an_upstream_that_drips_is_cut_at_the_gate_timeout(
 EXAMPLES = Path(__file__).resolve().parents[1] / "workflows-examples"
 
 
+@pytest.mark.slow  # runs the CLI in a process
 @pytest.mark.slow
 def test_the_offline_walk_through_ends_a_looping_model(tmp_path: Path) -> None:
     """docs/loops/model-gate.md, "Try it without a model account": the stand-in model as

@@ -90,6 +90,7 @@ def test_an_unknown_api_is_a_config_error() -> None:
     assert info.value.problems[0][0] == "model_gate.upstreams.mistral"
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_check_config_reports_both_set_with_its_path(tmp_path: Path) -> None:
     (tmp_path / "both.yaml").write_text(
         "model_gate:\n  upstream_url: http://a/v1\n  upstreams: {openai: {url: 'http://b/v1'}}\n"

@@ -52,6 +52,7 @@ def test_the_key_variable_must_be_set() -> None:
     assert load_settings(data, {"MY_N8N_KEY": "k"}).n8n is not None
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_check_config_validates_the_section(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text(
         'n8n: {api_url: "http://127.0.0.1:5678/api/v1", confirm_s: 20}\n'

@@ -379,6 +379,7 @@ def test_execution_ids_are_validated(make_app: AppFactory, execution_id: str, ok
         assert out["errors"][0]["loc"][-1] == "execution_id"
 
 
+@pytest.mark.all_stores  # each store's expiry
 def test_the_executions_of_a_task_are_kept_as_long_as_the_task(
     make_app: AppFactory, n8n: FakeN8nServer, store_url: str
 ) -> None:

@@ -16,6 +16,8 @@ from sidecar.service import keys, records
 from sidecar.service.mappers import STOPS, Chains
 from sidecar.store import Store
 
+pytestmark = pytest.mark.all_stores  # they face the store: every backend
+
 NOW = 1_800_000_000.0
 NS = "p"
 ADMIN = Principal("admin", None, True)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from conftest import SECRET, Api, Clock, PostgresServer
 from sidecar.app import create_app
@@ -57,6 +58,7 @@ def _run_decisions(
     return sizes
 
 
+@pytest.mark.slow  # 900 decisions: seconds
 def test_sqlite_stays_bounded_under_a_long_synthetic_run(tmp_path: Path) -> None:
     """5,000 decisions at one per second with two-minute retentions: the
     automatic sweep keeps the row count flat instead of growing with the run."""
@@ -75,6 +77,7 @@ def test_sqlite_stays_bounded_under_a_long_synthetic_run(tmp_path: Path) -> None
     assert sizes[4999] < 2000  # ~ what two minutes of traffic leave, not 5,000 x 3
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_purge_deletes_every_expired_record(tmp_path: Path) -> None:
     clock = Clock()
     db = tmp_path / "loopstop.db"

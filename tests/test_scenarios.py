@@ -14,6 +14,7 @@ from sidecar import replay
 SCENARIOS = sorted((Path(__file__).parent / "scenarios").glob("*.json"))
 
 
+@pytest.mark.all_stores  # the trajectories replayed on every store
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario(path: Path, store_url: str) -> None:
     scenario = replay.load(path)
@@ -23,6 +24,7 @@ def test_scenario(path: Path, store_url: str) -> None:
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_replay_command_reports_a_mismatch(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(
@@ -44,6 +46,7 @@ def test_replay_command_reports_a_mismatch(tmp_path: Path) -> None:
     assert out.stdout.count("FAIL") == 1
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_replay_with_a_policy_file_tunes_limits(tmp_path: Path) -> None:
     """A captured incident replayed under looser limits no longer stops where it did."""
     policy = tmp_path / "policy.yaml"
@@ -64,6 +67,7 @@ def test_replay_with_a_policy_file_tunes_limits(tmp_path: Path) -> None:
     assert tuned.returncode == 1 and "proceed/reentry depth=4" in tuned.stdout
 
 
+@pytest.mark.slow  # runs the CLI in a process
 def test_replay_prints_the_final_envelope() -> None:
     scenario = Path(__file__).parent / "scenarios" / "task-global-budget-keeps-last-state.json"
     out = subprocess.run(

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import requests
 
-from conftest import N8N_TOKEN, TOKENS_CONFIG, free_port
+from conftest import N8N_TOKEN, TOKENS_CONFIG, TOKENS_ENV, empty_store_url, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.all_stores]  # races across workers, per store
 
 
 class Sidecar:
@@ -92,10 +92,20 @@ def tokens_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture
-def served(tmp_path: Path, sidecar_env: dict[str, str]) -> Iterator[Sidecar]:
-    config = write_config(tmp_path / "loopstop.yaml", tokens_yaml())
-    s = Sidecar(tmp_path, {**sidecar_env, "LOOPSTOP_CONFIG": str(config)}).start()
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, store_kind: str, request: pytest.FixtureRequest
+) -> Iterator[Sidecar]:
+    """One ``loopstop serve`` (4 workers) per store for this module's tests: each uses
+    its own ids and workflows and reads the metrics as differences, so they share it."""
+    folder = tmp_path_factory.mktemp(f"served-{store_kind}")
+    config = write_config(folder / "loopstop.yaml", tokens_yaml())
+    env = {
+        **TOKENS_ENV,
+        "LOOPSTOP_STORE": empty_store_url(store_kind, folder, request),
+        "LOOPSTOP_CONFIG": str(config),
+    }
+    s = Sidecar(folder, env).start()
     yield s
     s.stop()
 
@@ -301,8 +311,20 @@ def test_tool_budget_holds_across_workers(served: Sidecar) -> None:
     assert got == Counter({"execute": 5, "deny": 19})
 
 
+def _decisions(text: str, label: str) -> float:
+    """The sum of ``loopstop_decisions_total`` over the series with ``label`` (``k="v"``)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("loopstop_decisions_total{") and label in line
+    )
+
+
 def test_metrics_count_every_decision_across_four_workers(served: Sidecar) -> None:
+    """200 begins over 10 ids add 200 decisions and 10 executes to what /metrics
+    shows (the server may have decided before: the difference is counted)."""
     headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
+    before = requests.get(f"{served.base}/metrics", timeout=10).text
 
     def begin(i: int) -> None:
         r = requests.post(
@@ -316,16 +338,10 @@ def test_metrics_count_every_decision_across_four_workers(served: Sidecar) -> No
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(begin, range(200)))
     text = requests.get(f"{served.base}/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("loopstop_decisions_total{") and 'route="operations.begin"' in line:
-            total += float(line.rsplit(" ", 1)[1])
+    begins = 'route="operations.begin"'
+    total = _decisions(text, begins) - _decisions(before, begins)
     print(f"decisions counted by /metrics over 4 workers: {total:.0f} of 200")
     assert total == 200
-    executes = [
-        line
-        for line in text.splitlines()
-        if line.startswith("loopstop_decisions_total{") and 'decision="execute"' in line
-    ]
-    assert sum(float(line.rsplit(" ", 1)[1]) for line in executes) == 10  # 10 distinct ids
+    executes = 'decision="execute"'
+    assert _decisions(text, executes) - _decisions(before, executes) == 10  # 10 distinct ids
     assert "loopstop_operations_awaiting_reconciliation" in text

@@ -18,6 +18,8 @@ from sidecar.store.base import SCHEMA_VERSION, Doc, T, TxnFn
 from sidecar.store.postgres import LOCK_CLASS, PostgresStore
 from sidecar.store.redis import RedisStore
 
+pytestmark = pytest.mark.all_stores  # they face the store: every backend
+
 
 def put(store: Store, key: str, doc: dict | None, ttl_s: float | None = None) -> None:
     store.transact([key], lambda snap: Plan(None, {key: Write(doc, ttl_s)}))
@@ -612,6 +614,31 @@ def test_recent_likely_on_redis_saves_the_read_and_checks_the_guess(
     assert mine.get("a") == {"v": 4}
     mine.close()
     other.close()
+
+
+def test_a_fresh_postgres_database_gets_its_schema(postgres_server: PostgresServer) -> None:
+    """What the tests' reset (a ``TRUNCATE``) keeps: on a database without loopstop's
+    tables ``ensure_schema`` creates them and their functions and stamps the version."""
+    import psycopg
+
+    postgres_server.drop()
+    store = PostgresStore(postgres_server.url)
+    try:
+        assert store.ensure_schema() == SCHEMA_VERSION
+        with psycopg.connect(postgres_server.url) as pg:
+            tables = pg.execute(
+                "SELECT tablename FROM pg_tables WHERE tablename LIKE 'loopstop_%' ORDER BY 1"
+            ).fetchall()
+            functions = pg.execute(
+                "SELECT proname FROM pg_proc WHERE proname LIKE 'loopstop_%' ORDER BY 1"
+            ).fetchall()
+        assert tables == [("loopstop_idx",), ("loopstop_kv",), ("loopstop_meta",)]
+        assert functions == [("loopstop_check",), ("loopstop_increment",)]
+        assert store._read_schema_version() == SCHEMA_VERSION
+        put(store, "a", {"n": 1})
+        assert store.get("a") == {"n": 1}
+    finally:
+        store.close()
 
 
 def _postgres(server: PostgresServer, query: str = "", timeout_s: float = 2.0) -> PostgresStore:

@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
-from conftest import SECRET, Api, Clock, PostgresServer, RedisServer
+from conftest import SECRET, Api, Clock, PostgresServer, RedisServer, wait_until
 from sidecar.app import create_app
 from sidecar.store import store_from_url
+
+pytestmark = pytest.mark.slow  # it starts and stops its own Redis and PostgreSQL servers
 
 
 def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> None:
@@ -65,13 +68,29 @@ def test_redis_stopped_under_load_fails_closed_and_recovers(tmp_path: Path) -> N
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
         for t in threads:
             t.start()
-        time.sleep(0.4)
+        wait_until(
+            lambda: len(results) >= 16 and len(activations) >= 2, "decisions before the outage"
+        )
         server.stop("kill")
         killed_at = len(results)
-        time.sleep(0.6)
+        wait_until(  # the outage is seen by every kind of decision
+            lambda: (
+                any(s == 503 for _, s, _ in results[killed_at:])
+                and any(s == 503 for s, _ in activations)
+                and any(s == 503 for s, _ in tool_calls)
+            ),
+            "503s during the outage",
+        )
         during = len(results) - killed_at
         server.start()
-        time.sleep(0.6)
+        restarted_at = len(results)
+        wait_until(  # every thread decides again
+            lambda: (
+                {op.split("-")[0] for op, s, _ in results[restarted_at:] if s == 200}
+                == {f"w{n}" for n in range(8)}
+            ),
+            "decisions on every thread after the restart",
+        )
         stop.set()
         for t in threads:
             t.join()
@@ -296,7 +315,7 @@ def test_emptied_or_replaced_postgres_database_is_refused_until_accepted(
     assert api.begin("a")["decision"] == "execute"
     assert api.post("/v1/operations/a/commit", {"attempt": 1, "receipt": "r"})[0] == 200
 
-    postgres_server.reset()  # emptied: no loopstop table left
+    postgres_server.drop()  # emptied: no loopstop table left
     for _ in range(2):
         status, body = api.post("/v1/operations/a/begin", {"payload": {"x": 1}})
         assert status == 503 and "accept-store" in body["detail"], body
@@ -458,7 +477,7 @@ def test_serve_on_postgres_creates_the_schema_and_refuses_a_newer_one(
     from conftest import free_port
     from sidecar.store.base import SCHEMA_VERSION
 
-    postgres_server.reset()
+    postgres_server.drop()  # a fresh database
     env = {"LOOPSTOP_STORE": postgres_server.url, "LOOPSTOP_SECRET": SECRET}
     served = Sidecar(tmp_path, env, workers=1).start()
     try:

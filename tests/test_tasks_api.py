@@ -587,6 +587,7 @@ def test_every_terminal_reason_is_reached_through_http() -> None:
     assert json.dumps(sorted(reached))
 
 
+@pytest.mark.all_stores  # a race on the store
 def test_concurrent_admissions_never_overshoot_the_budget(make_app: AppFactory) -> None:
     """The budget is consumed when a call is admitted, not when its result comes."""
     import threading
@@ -614,6 +615,7 @@ def test_concurrent_admissions_never_overshoot_the_budget(make_app: AppFactory) 
     assert task["envelope"]["reason"] == "tool_budget"
 
 
+@pytest.mark.all_stores  # a race on the store
 def test_concurrent_reservations_never_overspend_the_money_budget(make_app: AppFactory) -> None:
     """Reservations live in the task's one document: 16 turns at once, each
     reserving 0.1 of a 0.5 budget, admit exactly 5."""
