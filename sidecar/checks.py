@@ -48,7 +48,7 @@ import jmespath
 import jsonschema
 import requests
 
-from sidecar.config import (
+from sidecar.config_sections import (
     CheckConfig,
     CombinedCheck,
     CursorCheck,

@@ -21,17 +21,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import jmespath
 import yaml
+from jmespath.exceptions import JMESPathError
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     model_validator,
 )
 
+from sidecar.config_sections import (
+    SECTION_CONFIG,
+    CheckConfig,
+    CombinedCheck,
+    Count,
+    PositiveInt,
+    Repeats,
+    Seconds,
+)
 from sidecar.core.chains import ChainLimits
+from sidecar.core.gate_writes import (
+    parse_input_templates,
+    parse_template,
+    require_operation_id_template,
+)
 from sidecar.core.operations import DEFAULT_LEASE_S, OperationPolicy
 from sidecar.core.tasks.limits import TaskLimits
 from sidecar.errors import ConfigError
@@ -43,15 +58,7 @@ MIN_TOKEN_CHARS = 16
 
 
 class _Section(BaseModel):
-    # NaN and Infinity are refused: every setting ends up in stored records and TTLs.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-PositiveInt = Annotated[int, Field(ge=1)]
-#: Counts and windows stay within what every store can hold as a TTL.
-Count = Annotated[int, Field(ge=1, le=1_000_000)]
-Seconds = Annotated[float, Field(gt=0, le=31_536_000)]  # a year
-Repeats = Annotated[int, Field(ge=2, le=1000)]
+    model_config = SECTION_CONFIG
 
 
 class TokenConfig(_Section):
@@ -126,12 +133,61 @@ class PolicyConfig(_Section):
     exit_check: str | None = None
 
 
+class ToolReconcile(_Section):
+    """How the model gate asks the system of record about a write whose output
+    did not prove it (DESIGN §5.1): a check, and its input as templates over
+    the call's arguments."""
+
+    check: str
+    input: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _templates(self) -> ToolReconcile:
+        try:
+            parse_input_templates(self.input)
+        except ValueError as exc:
+            raise ValueError(f"input: {exc}") from None
+        return self
+
+
 class ToolConfig(_Section):
-    """A tool known to the task guard."""
+    """A tool known to the task guard.
+
+    With ``operation_id`` (a write), the model gate guards the tool's own n8n
+    node (DESIGN §5.1): the template names the business operation from the
+    call's arguments; ``lease_s`` is how long one execution holds it;
+    ``committed_when`` (JMESPath over the tool's output) says when the output
+    proves the write; ``reconcile`` asks the system of record when it does not.
+    """
 
     kind: Literal["read", "write", "poll"] = "read"
     check: str | None = None
     max_calls: PositiveInt | None = None
+    operation_id: str | None = None
+    lease_s: Seconds | None = None
+    committed_when: str | None = None
+    reconcile: ToolReconcile | None = None
+
+    @model_validator(mode="after")
+    def _gate_write(self) -> ToolConfig:
+        gate_only = ("lease_s", "committed_when", "reconcile")
+        if self.operation_id is None:
+            given = [name for name in gate_only if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} need operation_id (a write at the gate)")
+            return self
+        if self.kind != "write":
+            raise ValueError("operation_id is for a tool of kind write")
+        try:
+            require_operation_id_template(parse_template(self.operation_id))
+        except ValueError as exc:
+            raise ValueError(f"operation_id: {exc}") from None
+        if self.committed_when is not None:
+            try:
+                jmespath.compile(self.committed_when)
+            except JMESPathError as exc:
+                raise ValueError(f"committed_when is not a JMESPath expression: {exc}") from None
+        return self
 
 
 class ChainPolicy(_Section):
@@ -164,11 +220,6 @@ class ChainPolicyOverride(_Section):
     workflow_rate_window_s: Seconds | None = None
     dedupe_window_s: Seconds | None = None
     chain_ttl_s: Seconds | None = None
-
-
-def _nfc_all(names: list[str]) -> list[str]:
-    """Workflow names in Unicode NFC, as tokens' scopes and requests are compared."""
-    return [unicodedata.normalize("NFC", n) for n in names]
 
 
 class ChainsConfig(_Section):
@@ -353,80 +404,6 @@ class LoggingConfig(_Section):
     allowed_fields: list[str] = []
 
 
-class EnvHeader(_Section):
-    env: str
-    prefix: str = ""
-
-
-#: Which workflows may run a check: ``["*"]`` for every one. Absent, only a
-#: token holding every workflow may (a scoped token gets 403): a check runs
-#: with the system of record's credentials, so opening it is said in the file.
-CheckWorkflows = Annotated[list[str], Field(min_length=1), AfterValidator(_nfc_all)] | None
-
-
-class HttpCheck(_Section):
-    kind: Literal["http"]
-    workflows: CheckWorkflows = None
-    method: Literal["GET", "HEAD", "POST"] = "GET"
-    url: str
-    expect_status: list[int] = [200]
-    assert_: Annotated[list[str], Field(alias="assert")] = []
-    revision: str | None = None
-    timeout_s: Seconds = 5
-    headers: dict[str, str | EnvHeader] = {}
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
-    )
-
-    @model_validator(mode="after")
-    def _fixed_host(self) -> HttpCheck:
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError("url must be an absolute http:// or https:// URL")
-        if "{" in parts.scheme + parts.netloc or parts.fragment:
-            raise ValueError("placeholders may stand in the path and the query only")
-        return self
-
-
-class JsonSchemaCheck(_Section):
-    kind: Literal["json_schema"]
-    workflows: CheckWorkflows = None
-    path: str | None = None
-    schema_: Annotated[dict[str, Any], Field(alias="schema")]
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
-    )
-
-
-class CursorCheck(_Section):
-    kind: Literal["cursor"]
-    workflows: CheckWorkflows = None
-    cursor: str
-    records: str
-
-
-class OperationsCheck(_Section):
-    kind: Literal["operations"]
-    workflows: CheckWorkflows = None
-    operations: str
-
-
-class CombinedCheck(_Section):
-    kind: Literal["all", "any"]
-    workflows: CheckWorkflows = None
-    of: Annotated[list[str], Field(min_length=1)]
-
-
-CheckConfig = Annotated[
-    HttpCheck | JsonSchemaCheck | CursorCheck | OperationsCheck | CombinedCheck,
-    Field(discriminator="kind"),
-]
-
-
 class Settings(_Section):
     """The whole validated configuration.
 
@@ -469,6 +446,15 @@ class Settings(_Section):
             for n, c in self.checks.items()
         }
         for name, tool in self.tools.items():
+            if tool.reconcile is not None:
+                ref = tool.reconcile.check
+                if ref not in self.checks:
+                    problems.append(f"tools.{name}.reconcile.check: no check named {ref!r}")
+                elif not asks_system_of_record(ref, shapes):
+                    problems.append(
+                        f"tools.{name}.reconcile.check: {ref!r} does not ask the system of "
+                        "record; only an http check (or all/any holding one) may settle a write"
+                    )
             if tool.check and tool.check not in self.checks:
                 problems.append(f"tools.{name}.check: no check named {tool.check!r}")
             elif (

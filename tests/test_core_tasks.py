@@ -1194,3 +1194,30 @@ def test_each_row_of_the_docs_table_is_the_behaviour(row: list[str]) -> None:
     restarted = fired is None or fired[0] != 1
     by_progress = scope in ("per revision", "since the last progress", "in a row")
     assert restarted is by_progress, f"{name}: scope {scope}"
+
+
+def test_another_call_under_the_id_of_a_replayed_call_is_a_new_call() -> None:
+    """An API without call ids is numbered by position (the model gate): a call
+    the ledger replayed was never relayed, so a later call may take its number;
+    the new call's result goes to it, never to the replayed one. A call in
+    flight still holds its id (one whose result came is a new call: an upstream
+    that numbers its calls afresh, rule 5)."""
+    agent = Agent()
+    agent.call("save", {"v": 1}, "write", "w1", call_id="n_0")
+    agent.result(call_id="n_0", receipt="r1")
+    replayed = agent.call("save", {"v": 1}, "write", "w1", call_id="n_1")
+    assert replayed.decision is ToolDecision.REPLAY
+    out = agent.call("get", {"q": 1}, call_id="n_1")  # the read in the replay's place
+    assert out.decision is ToolDecision.EXECUTE and agent.task.used.tool_calls == 2
+    agent.result(call_id="n_1", result=1)
+    assert [(c.call_id, c.tool, c.status) for c in agent.task.history()] == [
+        ("n_0", "save", core.CallStatus.OK),
+        ("n_1", "save", core.CallStatus.REPLAYED),
+        ("n_1", "get", core.CallStatus.OK),
+    ]
+    again = agent.call("get", {"q": 2}, call_id="n_0")  # n_0 has its result: a new call
+    assert again.decision is ToolDecision.EXECUTE and agent.task.used.tool_calls == 3
+    agent.result(call_id="n_0", result=2)
+    agent.call("get", {"q": 3}, call_id="n_2")
+    with pytest.raises(StateConflict):  # so does a call in flight
+        agent.call("get", {"q": 4}, call_id="n_2")

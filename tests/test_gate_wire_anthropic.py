@@ -704,3 +704,155 @@ def test_the_model_list_is_the_upstream_s_or_the_default_model() -> None:
         page = SyncPage[ModelInfo].model_validate(A.model_list(upstream, "claude-default"))
         assert [m.id for m in page.data] == ["claude-default"]
         strict(page.data[0])
+
+
+# -- the gate's own exchanges (DESIGN §5.1) ---------------------------------------------------
+
+WRITE = Proposal("toolu_01W_g0a1b2c3d", "create_lead", {"email": "a@b.c"})
+RECEIPT = '{"id":"lead-1"}'
+
+
+def _request(messages: list[dict[str, Any]]) -> Any:
+    """``messages`` as the SDK's request type reads them (every block a known block)."""
+    from anthropic.types import MessageParam
+
+    return [TypeAdapter(MessageParam).validate_python(m) for m in messages]
+
+
+def test_an_exchange_is_a_tool_use_then_its_tool_result_in_the_next_message() -> None:
+    out = A.with_exchange(N8N_BODY, WRITE, RECEIPT)
+    assert out["messages"][:3] == N8N_BODY["messages"]
+    assert out["messages"][3:] == [
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01W_g0a1b2c3d",
+                    "name": "create_lead",
+                    "input": {"email": "a@b.c"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01W_g0a1b2c3d", "content": RECEIPT}
+            ],
+        },
+    ]
+    _request(out["messages"])
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant"] * 2 + ["user"]
+    # arguments that are not an object (text the model wrote) are no input the API takes
+    odd = A.with_exchange(N8N_BODY, Proposal("toolu_x_g0a1b2c3d", "t", "not json"), "r")
+    assert odd["messages"][3]["content"][0]["input"] == {}
+
+
+@pytest.mark.parametrize(
+    ("message", "anchor", "user"),
+    [
+        ({"role": "user", "content": "hi"}, "user", True),
+        ({"role": "user", "content": [{"type": "text", "text": "hi"}]}, "user", True),
+        (N8N_BODY["messages"][2], "output:toolu_01ABC", False),
+        (
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "a", "content": "1"},
+                    {"type": "tool_result", "tool_use_id": "b", "content": "2"},
+                ],
+            },
+            "output:b",
+            False,
+        ),
+        (N8N_BODY["messages"][1], None, False),
+        ("not a message", None, False),
+    ],
+)
+def test_an_exchange_follows_a_user_message_only(message: Any, anchor: Any, user: bool) -> None:
+    """Anchors stand on user messages (after the last tool_result of parallel
+    calls): an exchange never goes between a tool_use and its tool_result."""
+    from sidecar.core.gate_writes import user_anchor
+
+    expected = user_anchor("hi") if anchor == "user" else anchor
+    assert A.item_anchor(message) == expected
+    assert A.is_user_message(message) is user
+
+
+def test_a_kept_exchange_goes_back_after_the_message_before_it() -> None:
+    from sidecar.core.gate_writes import KeptExchange
+
+    kept = KeptExchange(
+        A.last_anchor(N8N_BODY), WRITE.call_id, "create_lead", WRITE.args, RECEIPT, "replay", "o", 0
+    )
+    assert kept.anchor == "output:toolu_01ABC"
+    later = {
+        **N8N_BODY,
+        "messages": [*N8N_BODY["messages"], {"role": "assistant", "content": "done"}],
+    }
+    spliced = A.with_kept(later, [kept])["messages"]
+    assert [m["role"] for m in spliced] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert spliced[3]["content"][0]["id"] == WRITE.call_id
+    _request(spliced)
+    # a new execution: right after the last user message (no tool_result is one)
+    fresh = A.with_kept({**N8N_BODY, "messages": [{"role": "user", "content": "hi"}]}, [kept])
+    assert [m["role"] for m in fresh["messages"]] == ["user", "assistant", "user"]
+
+
+def test_a_follow_on_stream_continues_the_one_message_the_agent_reads() -> None:
+    """The gate answered the tool_use itself and asked again: the second stream
+    has no message_start of its own, its blocks come after the text already
+    passed (the held tool_use was never sent), and the SDK reads one Message."""
+    first = A.stream_reader(N8N_BODY)
+    events = feed_all(first, frames(STREAM))
+    passed = [e.raw for e in events if isinstance(e, Passed)]
+    asked = A.with_exchange(N8N_BODY, WRITE, RECEIPT)
+    nxt = first.follow_on(asked)
+    answer = [
+        STREAM[0],
+        ("content_block_start", STREAM[2][1]),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "Done."},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 4},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    more = feed_all(nxt, frames(answer))
+    assert [type(e).__name__ for e in more] == ["Passed"] * 3 + ["Final"]
+    final = more[-1]
+    assert isinstance(final, Final) and final.proposals == []
+    assert final.usage == Usage(15, (11, 4))  # this turn's own usage
+    out = [*passed, *(e.raw for e in more if isinstance(e, Passed)), *nxt.finish([], None, STAMP)]
+    assert b"toolu_01ABC" not in b"".join(out)
+    message = accumulated(out)
+    assert [(b.type, getattr(b, "text", None)) for b in message.content] == [
+        ("text", "Let me call echo."),
+        ("text", "Done."),
+    ]
+    assert message.stop_reason == "end_turn"
+    # asked again and answered with the gate's text: it stands after the blocks passed
+    again = first.follow_on(asked)
+    feed_all(again, frames(STREAM))
+    last = again.finish([], TEXT, STAMP)
+    index = json.loads(last[0].decode().split("data: ", 1)[1])["index"]
+    assert index == 2  # after the first stream's text (0) and this one's (1), where its call began

@@ -537,3 +537,138 @@ def test_the_model_list_is_the_upstream_s_or_names_the_default_model() -> None:
     assert made["name"] == "models/gemini-x" and made["displayName"] == "gemini-x"
     assert "generateContent" in made["supportedGenerationMethods"]
     assert GEMINI_GENERATE.model_list({"data": []}, "models/m")["models"][0]["name"] == "models/m"
+
+
+# -- the gate's own exchanges (DESIGN §5.1) ---------------------------------------------------
+
+RECEIPT = '{"id":"lead-1"}'
+
+
+def own(proposal: Proposal) -> Proposal:
+    """The proposal under the gate's own id (as the gate answers it)."""
+    from sidecar.core.gate_writes import own_call_id
+
+    return Proposal(own_call_id(proposal.call_id, "0a1b2c3d"), proposal.tool, proposal.args)
+
+
+def test_an_exchange_is_a_model_call_under_the_gate_s_id_then_its_function_response() -> None:
+    (write,) = numbered(answer(call("a")), first_turn())
+    mine = own(write)
+    out = GEMINI_GENERATE.with_exchange(first_turn(), mine, RECEIPT)
+    assert out["contents"][:1] == [USER]
+    assert out["contents"][1:] == [
+        {
+            "role": "model",
+            "parts": [
+                {
+                    "functionCall": {"id": mine.call_id, "name": "echo", "args": {"q": "a"}},
+                    "thoughtSignature": "skip_thought_signature_validator",
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "parts": [
+                {
+                    "functionResponse": {
+                        "id": mine.call_id,
+                        "name": "echo",
+                        "response": {"result": RECEIPT},
+                    }
+                }
+            ],
+        },
+    ]
+    for content in out["contents"]:  # contents Google's own SDK type reads
+        types.Content.model_validate(content)
+    assert {k: v for k, v in out.items() if k != "contents"} == {
+        k: v for k, v in first_turn().items() if k != "contents"
+    }
+    odd = GEMINI_GENERATE.with_exchange(first_turn(), own(Proposal("p", "t", "text")), "r")
+    assert odd["contents"][1]["parts"][0]["functionCall"]["args"] == {}
+
+
+def test_a_gate_answered_exchange_never_shifts_the_numbers_of_n8n_s_calls() -> None:
+    """The request with the gate's exchange numbers its next proposal as n8n's own
+    conversation does (the gate's call is not counted), its output answers no
+    call of n8n's, and n8n's output of the next call is read under that call's id."""
+    (write,) = numbered(answer(call("a")), first_turn())
+    asked = GEMINI_GENERATE.with_exchange(first_turn(), own(write), RECEIPT)
+    (read,) = numbered(answer(call("b")), asked)
+    assert read.call_id == write.call_id == ids(first_turn(), 1)[0]
+    assert GEMINI_GENERATE.tool_outputs(asked) == []
+    later = later_turn(echoed({"q": "b"}, "uuid-1"), output('[{"r":"b"}]'))
+    spliced = GEMINI_GENERATE.with_exchange(later, own(Proposal("x", "echo", {"q": "c"})), "r")
+    assert GEMINI_GENERATE.tool_outputs(later) == [ToolOutput(read.call_id, '[{"r":"b"}]')]
+    assert GEMINI_GENERATE.tool_outputs(spliced) == GEMINI_GENERATE.tool_outputs(later)
+    (nxt,) = numbered(answer(call("d")), spliced)
+    assert nxt.call_id.endswith("-1")  # after n8n's one call, not after the gate's two
+
+
+def test_a_turn_of_calls_and_its_outputs_are_one_item_an_exchange_never_splits() -> None:
+    from sidecar.core.gate_writes import KeptExchange, output_anchor, user_anchor
+
+    two = {"role": "model", "parts": [call("a"), call("b")]}
+    body = later_turn(two, output("1"), output("2"))
+    items = GEMINI_GENERATE.conversation(body)
+    assert [len(i.contents) for i in items] == [1, 3]
+    assert [GEMINI_GENERATE.item_anchor(i) for i in items] == [
+        user_anchor("hi"),
+        output_anchor(ids(first_turn(), 2)[1]),
+    ]
+    assert [GEMINI_GENERATE.is_user_message(i) for i in items] == [True, False]
+    assert GEMINI_GENERATE.with_conversation(body, items) == body
+    kept = KeptExchange(
+        GEMINI_GENERATE.last_anchor(body),
+        own(Proposal("p", "echo", {})).call_id,
+        "echo",
+        {},
+        "r",
+        "replay",
+        "o",
+        0,
+    )
+    more = {"role": "user", "parts": [{"text": "more"}]}
+    later = later_turn(two, output("1"), output("2"), more)
+    spliced = GEMINI_GENERATE.with_kept(later, [kept])["contents"]
+    shape = [(c["role"], [next(iter(p)) for p in c["parts"]]) for c in spliced]
+    assert shape == [
+        ("user", ["text"]),
+        ("model", ["functionCall", "functionCall"]),
+        ("user", ["functionResponse"]),
+        ("user", ["functionResponse"]),
+        ("model", ["functionCall"]),  # the gate's: after both outputs, never between
+        ("user", ["functionResponse"]),
+        ("user", ["text"]),
+    ]
+    assert GEMINI_GENERATE.tool_outputs({**later, "contents": spliced}) == (
+        GEMINI_GENERATE.tool_outputs(later)
+    )
+    # a new execution: right after the last user message
+    fresh = GEMINI_GENERATE.with_kept(first_turn(), [kept])["contents"]
+    assert [c["role"] for c in fresh] == ["user", "model", "user"]
+
+
+def test_an_execution_line_numbers_a_run_that_opens_alike_apart() -> None:
+    other = {
+        "role": "system",
+        "parts": [{"text": SYSTEM["parts"][0]["text"] + "\nloopstop-execution: 2"}],
+    }
+    assert ids(first_turn(), 1) != ids(first_turn(systemInstruction=other), 1)
+    assert ids(first_turn(), 1) == ids(later_turn(), 1)
+
+
+def test_a_follow_on_stream_s_chunks_continue_the_answer() -> None:
+    reader = GEMINI_STREAM.stream_reader(first_turn())
+    (first,) = reader.feed(
+        frame({"candidates": [{"content": {"role": "model", "parts": [call("a")]}}]})
+    )
+    assert isinstance(first, Held)
+    nxt = reader.follow_on(first_turn())
+    text = {"candidates": [{"content": {"role": "model", "parts": [{"text": "Hi"}]}}]}
+    (passed,) = nxt.feed(frame(text))
+    assert isinstance(passed, Passed) and passed.chars == 2
+    last = answer({"text": "!"}, usage=USAGE)
+    nxt.feed(frame(last))
+    final = nxt.end()
+    assert final.proposals == []  # the first stream's held call is not the next one's

@@ -474,3 +474,123 @@ def test_ollama_s_api_reads_a_bearer_token_and_sends_the_real_key_as_one() -> No
     assert (api.name, api.key_header, api.key_prefix) == ("ollama", "Authorization", "Bearer ")
     assert presented_token({"authorization": "Bearer tok"}, {}, api.token_from) == "tok"
     assert presented_token({}, {}, api.token_from) is None
+
+
+# -- the gate's own exchanges (DESIGN §5.1) ---------------------------------------------------
+
+RECEIPT = '{"id":"lead-1"}'
+
+
+def own(proposal: Proposal) -> Proposal:
+    """The proposal under the gate's own id (as the gate answers it)."""
+    from sidecar.core.gate_writes import own_call_id
+
+    return Proposal(own_call_id(proposal.call_id, "0a1b2c3d"), proposal.tool, proposal.args)
+
+
+def test_an_exchange_is_a_call_under_the_gate_s_own_id_then_its_tool_message() -> None:
+    (write,) = OLLAMA.number_calls(first_request(), [Proposal("", "echo", {"q": "a"})])
+    mine = own(write)
+    out = OLLAMA.with_exchange(first_request(), mine, RECEIPT)
+    assert out["messages"][:2] == OPENING
+    assert out["messages"][2:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": mine.call_id,
+                    "type": "function",
+                    "function": {"name": "echo", "arguments": {"q": "a"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": RECEIPT, "tool_name": "echo"},
+    ]
+    for m in out["messages"]:  # messages the SDK's own type reads
+        ollama.Message.model_validate(m)
+    odd = OLLAMA.with_exchange(first_request(), own(Proposal("p", "t", "text")), "r")
+    assert odd["messages"][2]["tool_calls"][0]["function"]["arguments"] == {}
+
+
+def test_a_gate_answered_exchange_never_shifts_the_numbers_of_n8n_s_calls() -> None:
+    """The request with the gate's exchange numbers its next proposal as n8n's own
+    conversation does (the gate's call is not counted), and n8n's output of that
+    call, in the next request, is read under the same id."""
+    (write,) = OLLAMA.number_calls(first_request(), [Proposal("", "echo", {"q": "a"})])
+    asked = OLLAMA.with_exchange(first_request(), own(write), RECEIPT)
+    (read,) = OLLAMA.number_calls(asked, [Proposal("", "echo", {"q": "b"})])
+    assert read.call_id == write.call_id == call_id(read.call_id.split("_")[1], 0)
+    assert OLLAMA.tool_outputs(asked) == []  # the gate's own output answers no call of n8n's
+    # n8n ran the read (it never saw the gate's exchange); the gate puts that back
+    later = first_request(messages=[*OPENING, echoed("uuid-1", "b"), tool('[{"r":"b"}]')])
+    spliced = OLLAMA.with_exchange(later, own(Proposal("x", "echo", {"q": "c"})), "r")
+    assert OLLAMA.tool_outputs(later) == [ToolOutput(read.call_id, '[{"r":"b"}]')]
+    assert OLLAMA.tool_outputs(spliced) == OLLAMA.tool_outputs(later)
+    (nxt,) = OLLAMA.number_calls(spliced, [Proposal("", "echo", {})])
+    assert nxt.call_id.endswith("_1")  # after n8n's one call, not after the gate's two
+
+
+def test_a_call_and_its_outputs_are_one_item_an_exchange_never_splits() -> None:
+    from sidecar.core.gate_writes import KeptExchange, output_anchor, user_anchor
+
+    two = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "u1", "type": "function", "function": {"name": "echo", "arguments": {"q": "a"}}},
+            {"id": "u2", "type": "function", "function": {"name": "echo", "arguments": {"q": "b"}}},
+        ],
+    }
+    body = first_request(messages=[*OPENING, two, tool("1"), tool("2")])
+    items = OLLAMA.conversation(body)
+    assert [len(i.messages) for i in items] == [1, 1, 3]
+    ids = [p.call_id for p in OLLAMA.number_calls(first_request(), [Proposal("", "e", {})] * 2)]
+    assert [OLLAMA.item_anchor(i) for i in items] == [
+        None,
+        user_anchor("hi"),
+        output_anchor(ids[1]),
+    ]
+    assert [OLLAMA.is_user_message(i) for i in items] == [False, True, False]
+    assert OLLAMA.with_conversation(body, items) == body
+    kept = KeptExchange(
+        OLLAMA.last_anchor(body),
+        own(Proposal("p", "echo", {})).call_id,
+        "echo",
+        {},
+        "r",
+        "replay",
+        "o",
+        0,
+    )
+    later = first_request(messages=[*body["messages"], {"role": "user", "content": "more"}])
+    spliced = OLLAMA.with_kept(later, [kept])["messages"]
+    assert [m["role"] for m in spliced] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",  # the gate's exchange: after both outputs, never between
+        "tool",
+        "user",
+    ]
+    assert OLLAMA.tool_outputs(OLLAMA.with_kept(later, [kept])) == OLLAMA.tool_outputs(later)
+    # a new execution: right after the last user message
+    fresh = OLLAMA.with_kept(first_request(), [kept])["messages"]
+    assert [m["role"] for m in fresh] == ["system", "user", "assistant", "tool"]
+
+
+def test_a_follow_on_stream_s_lines_continue_the_answer() -> None:
+    reader = OLLAMA.stream_reader(first_request())
+    reader.feed(
+        frame({"model": "m", "message": {"role": "assistant", "content": "Hi"}, "done": False})
+    )
+    nxt = reader.follow_on(first_request())
+    line = {"model": "m", "message": {"role": "assistant", "content": " there"}, "done": False}
+    (passed,) = nxt.feed(frame(line))
+    assert isinstance(passed, Passed) and passed.chars == len(" there")
+    (final,) = nxt.feed(
+        frame({"model": "m", "message": {"role": "assistant", "content": ""}, "done": True})
+    )
+    assert isinstance(final, Final) and final.proposals == []

@@ -573,6 +573,30 @@ def test_outlier_stop(make_app: AppFactory) -> None:
     ended(runaway.model(tokens_used=501), "stopped", "outlier")
 
 
+def test_invalid_call_through_the_model_gate(make_app: AppFactory) -> None:
+    """``invalid_call`` is the gate's: a write whose operation id template finds no
+    value in the proposed call (tests/test_gate_writes.py has the rest)."""
+    from fake_llm import serve
+
+    tool = {"kind": "write", "operation_id": "crm-lead:{contact.email}"}
+    with serve() as llm:
+        gate = {"upstream_url": llm.base, "default_model": "m", "timeout_s": 5}
+        api = Api(make_app(model_gate=gate, tools={"create_lead": tool}).test_client())
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "loopstop-task-key: invalid-call-1"},
+                {"role": "user", "content": "a@b.c"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "create_lead"}}],
+        }
+        status, _ = api.post("/v1/openai/chat/completions", body)
+        assert status == 200
+    status, out = api.post("/v1/tasks", {"task_key": "invalid-call-1"})
+    ended(out, "blocked", "invalid_call")
+    REACHED.add("invalid_call")
+
+
 SCENARIOS = Path(__file__).parent / "scenarios"
 
 

@@ -35,7 +35,7 @@ from sidecar.gate.wire import (
 )
 from sidecar.gate.wire.base import BEARER, Inbound, TokenFrom
 from sidecar.runtime import runtime
-from sidecar.service.model_gate import GateAnswer, TurnRecord
+from sidecar.service.gate_turns import GateAnswer, TurnRecord
 
 bp = Blueprint("model_gate", __name__)
 
@@ -137,6 +137,8 @@ def _log(record: TurnRecord) -> None:
         upstream_status=record.upstream_status,
         tool_calls=[{"tool": t, "decision": d, "reason": r} for t, d, r in record.tool_calls]
         or None,
+        gate_answered=record.answered or None,
+        upstream_turns=record.turns if record.turns > 1 else None,
     )
 
 

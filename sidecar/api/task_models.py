@@ -181,6 +181,12 @@ class TaskResponse(BaseModel):
         default=None,
         description="What the last task stop asked n8n and saw (GET and stop answers).",
     )
+    gate_exchanges: list[dict[str, JsonValue]] = Field(
+        default=[],
+        description="The writes the model gate answered itself, without relaying them "
+        "(`replay`: committed before, `in_progress`: another execution was writing it), "
+        "put back into every later model request of the task (DESIGN §5.1; GET answers).",
+    )
     executions: list[dict[str, JsonValue]] = Field(
         default=[],
         description="The n8n executions that acted for the task, as far as loopstop was "

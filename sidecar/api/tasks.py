@@ -145,6 +145,17 @@ def _watch_fields(ns: str, task: Task) -> dict[str, Any]:
         "outlier": outlier_view(watched.get("outlier")),
         "cancellation": cancellation_view(rt.stops.recorded(ns, "task", task.task_id)),
         "executions": [{**e, "at": rfc3339(e.get("at"))} for e in watched.get("executions", [])],
+        "gate_exchanges": [
+            {
+                "call_id": e.get("call_id"),
+                "tool": e.get("tool"),
+                "operation_id": e.get("operation_id"),
+                "decision": e.get("decision"),
+                "output": e.get("output"),
+                "at": rfc3339(e.get("at")),
+            }
+            for e in task.exchanges
+        ],
     }
 
 

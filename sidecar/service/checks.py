@@ -11,7 +11,7 @@ import jmespath
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
 from sidecar.checks import Checks, StorePart
-from sidecar.config import CursorCheck, OperationsCheck
+from sidecar.config_sections import CursorCheck, OperationsCheck
 from sidecar.core.checks import CheckReason, CheckResult, cursor_step
 from sidecar.core.lineage import Lineage
 from sidecar.core.operations import OperationState, observe

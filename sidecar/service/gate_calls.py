@@ -12,7 +12,7 @@ counted. No wire format is known here: the adapters read the calls and outputs.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,7 @@ class GateCalls:
         task_id: str,
         outputs: Sequence[ToolOutput],
         task: Task | None,
+        settle: Callable[[Task, ToolOutput], ToolResult | None] | None = None,
     ) -> None:
         """Record the tool outputs a request carries for calls still pending.
 
@@ -90,7 +91,8 @@ class GateCalls:
         (or answering calls the gate never admitted) are skipped; of outputs
         under one id (an upstream that reuses ids), the latest answers the
         pending call. A tool with a configured check gets the output as the
-        check's input, as ``POST .../result`` with ``result`` does.
+        check's input, as ``POST .../result`` with ``result`` does; ``settle``
+        gives the result of an output it knows (a guarded write's, DESIGN §5.1).
         """
         if not outputs:
             return
@@ -105,11 +107,13 @@ class GateCalls:
                 continue
             configured = self.settings.tools.get(tool)
             checked = configured is not None and configured.check is not None
-            result = ToolResult(
-                status=ResultStatus.OK,
-                result_fp=fp.fingerprint(out.output),
-                result=output_value(out.output) if checked else None,
-            )
+            result = settle(task, out) if settle is not None else None
+            if result is None:
+                result = ToolResult(
+                    status=ResultStatus.OK,
+                    result_fp=fp.fingerprint(out.output),
+                    result=output_value(out.output) if checked else None,
+                )
             try:
                 self.tasks.tool_result(principal, ns, task_id, out.call_id, result)
             except (NotFound, StateConflict):
@@ -155,7 +159,9 @@ class GateCalls:
             if out.decision is ToolDecision.DENY:
                 done.reason = reason
                 done.denied = (
-                    final_message(task) if task.envelope is not None else _denied(call.tool, reason)
+                    final_message(task)
+                    if task.envelope is not None
+                    else denied_text(call.tool, reason)
                 )
                 return done
         return done
@@ -163,10 +169,11 @@ class GateCalls:
     @staticmethod
     def _deny(done: Admitted, tool: str, reason: DenyReason) -> Admitted:
         done.calls.append((tool, str(ToolDecision.DENY), str(reason)))
-        done.reason, done.denied = str(reason), _denied(tool, str(reason))
+        done.reason, done.denied = str(reason), denied_text(tool, str(reason))
         return done
 
 
-def _denied(tool: str, reason: str | None) -> str:
+def denied_text(tool: str, reason: str | None) -> str:
+    """The final text answered instead of a call the task guard denied (the task goes on)."""
     why = message(reason) or "Do not repeat it now; continue with what you have."
     return f"[loopstop] The call to {tool} was not admitted ({reason}). {why}"

@@ -42,8 +42,8 @@ MESSAGES: dict[EndReason, str] = {
     "report what is known.",
     EndReason.INVALID_EVIDENCE: "The tool's result contradicted the task's state: stop and "
     "report it.",
-    EndReason.INVALID_CALL: "The model proposed a call that cannot be run (a tool not offered, "
-    "or no call id): stop and report it.",
+    EndReason.INVALID_CALL: "The model proposed a call that cannot be run as proposed (a tool "
+    "not offered, no call id, or a value it needs missing): do not repeat it; report it.",
     EndReason.HUMAN_INPUT: "This action needs a person's approval: do not retry; say that "
     "approval is required.",
     EndReason.UNKNOWN_COMMIT: "It is unknown whether that write happened: do not retry it; "

@@ -10,7 +10,9 @@ upstream is reached through :mod:`sidecar.outbound.upstream`. Per request:
    continued as ``POST /v1/tasks`` does);
 2. record every tool output the request carries back as that call's
    result (:mod:`sidecar.service.gate_calls`; a tool's configured check
-   runs on it);
+   runs on it; a guarded write's output settles its operation:
+   :mod:`sidecar.service.gate_writes`), and put back the exchanges the gate
+   answered itself earlier in the task;
 3. reserve a model turn and a bound of its cost (:mod:`sidecar.core.cost`;
    under a money budget a request whose cost cannot be bounded is refused);
    when the task has ended, answer a final assistant message in the
@@ -24,8 +26,11 @@ upstream is reached through :mod:`sidecar.outbound.upstream`. Per request:
    ever;
 5. admit every tool call the upstream proposes through the task guard
    before it reaches n8n; a denied proposal is not relayed: the answer is
-   the final message instead. Whatever fails once a stream has begun (the
-   store included), the stream ends with an error event in the API's shape.
+   the final message instead; a guarded write already committed (or being
+   written) is answered by the gate itself, and the upstream is asked again
+   within the request (a counted turn; a stream continues as one answer).
+   Whatever fails once a stream has begun (the store included), the stream
+   ends with an error event in the API's shape.
 
 Prompts and completions are never logged or stored.
 """
@@ -36,7 +41,6 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -44,14 +48,12 @@ import requests
 from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig, Settings
 from sidecar.core import cost
-from sidecar.core.tasks import Task, TurnDecision, TurnReason
+from sidecar.core.tasks import CallFlaw, TurnDecision, TurnReason, screen_proposal
 from sidecar.errors import (
-    MalformedRequest,
-    NotFound,
     StoreUnavailable,
     UpstreamError,
 )
-from sidecar.gate.lines import TaskLines, task_lines
+from sidecar.gate.lines import task_lines
 from sidecar.gate.wire.base import (
     NO_USAGE,
     ErrorEvent,
@@ -64,6 +66,7 @@ from sidecar.gate.wire.base import (
     Proposal,
     Stamp,
     StreamBroken,
+    StreamReader,
     Usage,
     WireAdapter,
     estimate_tokens,
@@ -71,66 +74,12 @@ from sidecar.gate.wire.base import (
 from sidecar.outbound.upstream import Exchange, Upstream
 from sidecar.service.gate_calls import GateCalls
 from sidecar.service.gate_money import GateMoney
+from sidecar.service.gate_turns import GateAnswer, Turn, TurnRecord, find_task, make_upstream
+from sidecar.service.gate_writes import GateWrites
 from sidecar.service.messages import WRAP_UP_MESSAGE, final_message
-from sidecar.service.task_inputs import CreateInput
 from sidecar.service.tasks import TaskService
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TurnRecord:
-    """How a turn was decided, for the decision log (filled in as a stream ends).
-
-    :ivar api: the adapter's name (``chat``, ``responses``).
-    :ivar usage: ``reported`` (the upstream said), ``estimated`` (it did not:
-        a cut stream), or ``none`` (the upstream was not called).
-    :ivar tool_calls: ``(tool, decision, reason)`` per proposed call.
-    """
-
-    decision: TurnDecision
-    reason: str | None
-    task_id: str | None
-    api: str
-    stream: bool
-    execution: str | None = None
-    tokens: int = 0
-    usage: str = "none"
-    tool_calls: list[tuple[str, str, str | None]] = field(default_factory=list)
-    upstream_status: int | None = None
-    cost: float | None = None
-    cost_overshoot: float | None = None
-
-    def upstream_failed(self, reason: str) -> None:
-        """Record that the upstream failed, and how."""
-        self.decision, self.reason = TurnDecision.UPSTREAM_ERROR, reason
-
-
-@dataclass
-class GateAnswer:
-    """What the gate answers: a JSON body, or a stream of bytes in the API's framing."""
-
-    record: TurnRecord
-    body: Any = None
-    events: Iterator[bytes] | None = None
-
-
-@dataclass
-class _Turn:
-    """One request being served."""
-
-    adapter: WireAdapter
-    principal: Principal
-    body: dict[str, Any]
-    model: str
-    stream: bool
-    record: TurnRecord
-    inbound: Inbound | None = None
-    ns: str | None = None
-    task_id: str | None = None
-    price: cost.Price | None = None
-    reserved: float = 0.0
-    counted: bool = False
 
 
 class ModelGate:
@@ -160,31 +109,15 @@ class ModelGate:
         self._upstreams: dict[str, Upstream] = {}
         self.calls = GateCalls(tasks, self.settings)
         self.money = GateMoney(config, tasks)
+        self.writes = GateWrites(tasks, self.settings)
 
     def upstream(self, adapter: WireAdapter) -> Upstream:
         """The upstream of the adapter's API (``model_gate.upstreams.<api>``), made
-        on first use; one with no URL when the API has none (it raises
-        :class:`~sidecar.errors.GateNotConfigured` when used)."""
-        api = adapter.api
-        found = self._upstreams.get(api.name)
+        on first use (:func:`~sidecar.service.gate_turns.make_upstream`)."""
+        found = self._upstreams.get(adapter.api.name)
         if found is None:
-            entry = self.config.upstream(api.name)
-            key = None
-            if entry is not None and entry.api_key_env:
-                key = self.environ.get(entry.api_key_env) or None
-            setting = f"model_gate.upstreams.{api.name}.url"
-            if api.name == "openai":
-                setting = f"model_gate.upstream_url (or {setting})"
-            found = Upstream(
-                self.session,
-                entry.url if entry else None,
-                key,
-                self.config.timeout_s,
-                self.config.max_answer_bytes,
-                api=api,
-                setting=setting,
-            )
-            self._upstreams[api.name] = found
+            found = make_upstream(self.config, self.session, self.environ, adapter.api)
+            self._upstreams[adapter.api.name] = found
         return found
 
     def _stamp(self) -> Stamp:
@@ -205,57 +138,59 @@ class ModelGate:
 
     # -- the task --------------------------------------------------------------------
 
-    def _find_task(self, turn: _Turn, lines: TaskLines) -> Task | None:
-        """The task the lines name (created by key when new), or None when untracked.
+    def _decide(
+        self, turn: Turn, body: dict[str, Any], calls: list[Proposal]
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """Decide an answer's proposals: ``(text, None)``, the final text to answer
+        instead (None: relay the answer), or ``(None, body)``, the request to ask
+        the upstream again with (the gate answered a guarded write itself).
 
-        :raises MalformedRequest: no task named and untracked requests are not allowed.
-        :raises NotFound: the ``loopstop-task`` line names no task.
-        """
-        if lines.task_id is not None:
-            ns = self.tasks.namespace_of(lines.task_id)
-            if ns is None:
-                raise NotFound(f"no task {lines.task_id!r}")
-            turn.ns, turn.task_id = ns, lines.task_id
-            return None  # read only when needed (tool outputs to record)
-        if lines.task_key is not None:
-            ns = "p"
-            task = self._by_key(turn.principal, ns, lines)
-            turn.ns, turn.task_id = ns, task.task_id
-            return task
-        if not self.config.allow_untracked:
-            raise MalformedRequest(
-                "no 'loopstop-task: <task_id>' or 'loopstop-task-key: <key>' line in "
-                f"{turn.adapter.system_where}: add one to the AI Agent's System Message "
-                "(or set model_gate.allow_untracked)",
-                errors=[{"loc": ["body", "system", "loopstop-task"], "msg": "missing"}],
-            )
-        return None
-
-    def _by_key(self, principal: Principal, ns: str, lines: TaskLines) -> Task:
-        """Continue the task made under the key, or create it as ``POST /v1/tasks`` does.
-
-        A task found by key is continued in its current run: every model turn
-        of one agent run names the same key, and starting a new run on each
-        would forget its identical calls.
-        """
-        assert lines.task_key is not None
-        found = self.tasks.by_key(principal, ns, lines.workflow, lines.task_key)
-        if found is not None:
-            return found
-        task, _ = self.tasks.create(
-            principal,
-            ns,
-            CreateInput(
-                task_key=lines.task_key,
-                workflow=lines.workflow,
-                chain_id=None,
-                policy=lines.policy,
-                limits={},
-            ),
+        The proposals are numbered against the request as n8n sent it
+        (``number_calls``): the exchanges the gate put in never shift the ids
+        of the calls n8n sees. The proposal is screened as a whole first
+        (:func:`~sidecar.core.tasks.screen_proposal`): a malformed call ends the
+        task before any write of it begins; a repeated id is one call."""
+        if turn.ns is None or turn.task_id is None:
+            return None, None
+        calls = turn.adapter.number_calls(turn.received, calls)
+        offered = turn.adapter.offered_tools(turn.body)
+        flaws = screen_proposal([(c.call_id, c.tool) for c in calls], offered)
+        if CallFlaw.INVALID in flaws:
+            return self._admit_calls(turn, calls), None
+        writes = self.writes.admit(
+            turn.principal,
+            turn.ns,
+            turn.task_id,
+            turn.adapter,
+            body,
+            calls,
+            lambda tool, decision, reason: turn.record.tool_calls.append((tool, decision, reason)),
+            flaws,
         )
-        return task
+        if writes.final is not None:
+            turn.record.decision = TurnDecision.DENY_TOOL_CALL
+            turn.record.reason = turn.record.tool_calls[-1][2]
+            return writes.final, None
+        if writes.again:
+            for e in writes.again:
+                body = turn.adapter.with_exchange(
+                    body, Proposal(e.call_id, e.tool, e.args), e.output
+                )
+                turn.record.answered.append(
+                    {
+                        "tool": e.tool,
+                        "call_id": e.call_id,
+                        "operation_id": e.operation_id,
+                        "decision": e.decision,
+                    }
+                )
+            return None, body
+        text = self._admit_calls(turn, [c for c in calls if not self.writes.guards(c.tool)])
+        if text is not None:
+            self.writes.release(turn.principal, turn.ns, writes.workflow, writes.executed)
+        return text, None
 
-    def _admit_calls(self, turn: _Turn, calls: list[Proposal]) -> str | None:
+    def _admit_calls(self, turn: Turn, calls: list[Proposal]) -> str | None:
         """The task guard's word on a proposal: None when every call may reach
         n8n, else the final text to answer instead (:mod:`sidecar.service.gate_calls`)."""
         if turn.ns is None or turn.task_id is None:
@@ -298,14 +233,25 @@ class ModelGate:
         record = TurnRecord(
             TurnDecision.UNTRACKED, None, None, adapter.name, stream, lines.execution
         )
-        turn = _Turn(adapter, principal, body, model, stream, record, inbound)
-        task = self._find_task(turn, lines)
+        turn = Turn(adapter, principal, body, model, stream, record, inbound, received=body)
+        task = find_task(self.tasks, self.config.allow_untracked, turn, lines)
         record.task_id = turn.task_id
         if turn.task_id is None or turn.ns is None:
             return self._forward(turn, body)
         outputs = adapter.tool_outputs(body)
-        self.calls.record_outputs(principal, turn.ns, turn.task_id, outputs, task)
-        held = self.money.reserve(adapter, principal, (turn.ns, turn.task_id), body, model, task)
+        ns, task_id = turn.ns, turn.task_id
+        self.calls.record_outputs(
+            principal,
+            ns,
+            task_id,
+            outputs,
+            task,
+            lambda t, o: self.writes.result(principal, ns, t, o),
+        )
+        if self.writes.tools:  # the kept exchanges count in the turn's cost bound
+            task = task if task is not None else self.tasks.get(principal, ns, task_id)
+            body = turn.body = self.writes.splice(adapter, body, task)
+        held = self.money.reserve(adapter, principal, (ns, task_id), body, model, task)
         body = turn.body = held.body
         turn.price, reserve = held.price, held.amount
         task, outcome = self.tasks.model_call(
@@ -326,7 +272,41 @@ class ModelGate:
         forward = adapter.with_wrap_up(body, WRAP_UP_MESSAGE) if outcome.wrap_up else body
         return self._forward(turn, forward)
 
-    def _refusal(self, turn: _Turn, text: str) -> GateAnswer:
+    def _again(self, turn: Turn, body: dict[str, Any]) -> tuple[Turn | None, str, dict[str, Any]]:
+        """Reserve one more model turn to ask the upstream again with ``body``:
+        the next turn and what to forward, or None and the final text when the
+        task's budgets refuse it."""
+        assert turn.ns is not None and turn.task_id is not None
+        nxt = Turn(
+            turn.adapter,
+            turn.principal,
+            body,
+            turn.model,
+            turn.stream,
+            turn.record,
+            turn.inbound,
+            turn.received,
+        )
+        nxt.ns, nxt.task_id = turn.ns, turn.task_id
+        where = (turn.ns, turn.task_id)
+        held = self.money.reserve(turn.adapter, turn.principal, where, body, turn.model, None)
+        body = nxt.body = held.body
+        nxt.price, reserve = held.price, held.amount
+        task, outcome = self.tasks.model_call(
+            turn.principal,
+            turn.ns,
+            turn.task_id,
+            None,
+            reserve_cost=reserve,
+            execution_id=turn.record.execution,
+        )
+        if not outcome.admitted:
+            return None, final_message(task), body
+        nxt.reserved = reserve or 0.0
+        forward = turn.adapter.with_wrap_up(body, WRAP_UP_MESSAGE) if outcome.wrap_up else body
+        return nxt, "", forward
+
+    def _refusal(self, turn: Turn, text: str) -> GateAnswer:
         """A final message in the caller's format and mode (the upstream is not called)."""
         adapter, stamp = turn.adapter, self._stamp()
         if turn.stream:
@@ -334,7 +314,7 @@ class ModelGate:
             return GateAnswer(turn.record, events=iter(events))
         return GateAnswer(turn.record, body=adapter.final_answer(text, turn.model, stamp))
 
-    def _count(self, turn: _Turn, usage: Usage, estimate: int, *, answered: bool = True) -> None:
+    def _count(self, turn: Turn, usage: Usage, estimate: int, *, answered: bool = True) -> None:
         """Count a turn once, when it is over: its tokens (the reported usage,
         else ``estimate``) and, for a priced model, settle its reservation with
         what it cost (:func:`sidecar.core.cost.settled_cost`). A settle the store
@@ -343,7 +323,7 @@ class ModelGate:
             return
         turn.counted = True
         tokens = estimate if usage.tokens is None else usage.tokens
-        turn.record.tokens = tokens
+        turn.record.tokens += tokens
         turn.record.usage = "estimated" if usage.tokens is None else "reported"
         if turn.ns is None or turn.task_id is None:
             return
@@ -362,15 +342,16 @@ class ModelGate:
         if over is not None and "cost_overshoot" in over:
             turn.record.cost_overshoot = float(over["cost_overshoot"])
 
-    def _bad_upstream(self, turn: _Turn, message: str) -> UpstreamError:
+    def _bad_upstream(self, turn: Turn, message: str) -> UpstreamError:
         turn.record.upstream_failed(TurnReason.BAD_UPSTREAM_RESPONSE)
         exc = UpstreamError(502, turn.adapter.error_body(message, "bad_upstream_response"))
         exc.record = turn.record
         return exc
 
-    def _forward(self, turn: _Turn, body: dict[str, Any]) -> GateAnswer:
+    def _forward(self, turn: Turn, body: dict[str, Any]) -> GateAnswer:
         adapter = turn.adapter
         payload = adapter.forward_payload(body, turn.model)
+        turn.record.turns += 1
         try:
             exchange = self.upstream(adapter).post(adapter, payload, turn.stream, turn.inbound)
         except UpstreamError as exc:
@@ -406,14 +387,50 @@ class ModelGate:
             self._count(turn, NO_USAGE, estimate_tokens(payload, len(content)))
             raise self._bad_upstream(turn, str(exc)) from None
         self._count(turn, answer.usage, estimate_tokens(payload, len(content)))
-        denied = self._admit_calls(turn, adapter.number_calls(turn.body, answer.proposals))
+        denied, again = self._decide(turn, turn.body, answer.proposals)
+        if again is not None:
+            nxt, denied, forward = self._again(turn, again)
+            if nxt is not None:
+                return self._forward(nxt, forward)
         if denied is None:
             return GateAnswer(turn.record, body=parsed)
         return GateAnswer(
             turn.record, body=adapter.replace_with_text(parsed, denied, self._stamp())
         )
 
-    def _relay(self, turn: _Turn, payload: dict[str, Any], exchange: Exchange) -> Iterator[bytes]:
+    def _follow(self, turn: Turn, body: dict[str, Any], reader: StreamReader) -> Iterator[bytes]:
+        """Ask the upstream again within a stream that has begun: its events
+        continue the answer (``reader`` is the last stream's follow-on); a
+        failure is an error event."""
+        adapter = turn.adapter
+        payload = adapter.forward_payload(body, turn.model)
+        turn.record.turns += 1
+        try:
+            exchange = self.upstream(adapter).post(adapter, payload, True, turn.inbound)
+        except UpstreamError as exc:
+            turn.record.upstream_status = exc.status
+            turn.record.upstream_failed(str(exc.status))
+            self._count(turn, NO_USAGE, estimate_tokens(payload, 0), answered=False)
+            yield adapter.error_event(f"the upstream model answered {exc.status}", "upstream_error")
+            return
+        if not exchange.content_type.startswith(adapter.framing.content_type):
+            exchange.close()
+            self._count(turn, NO_USAGE, estimate_tokens(payload, 0))
+            turn.record.upstream_failed(TurnReason.BAD_UPSTREAM_RESPONSE)
+            yield adapter.error_event(
+                "the upstream model answered a stream request without a stream",
+                "bad_upstream_response",
+            )
+            return
+        yield from self._relay(turn, payload, exchange, reader)
+
+    def _relay(
+        self,
+        turn: Turn,
+        payload: dict[str, Any],
+        exchange: Exchange,
+        reader: StreamReader | None = None,
+    ) -> Iterator[bytes]:
         """Relay one upstream stream to the agent: text passes as it arrives; the
         events of a tool-call proposal are held until the proposal is complete,
         then the task guard is asked once and the held events or the adapter's
@@ -421,7 +438,7 @@ class ModelGate:
         estimate when the stream ends before (it is never free); a stream that
         breaks ends with an error event the agent's client understands."""
         adapter = turn.adapter
-        reader = adapter.stream_reader(turn.body)
+        reader = reader or adapter.stream_reader(turn.body)
         held: list[Held] = []
         chars = 0
         try:
@@ -441,8 +458,13 @@ class ModelGate:
                         return
                     elif isinstance(event, Final):
                         self._count(turn, event.usage, estimate_tokens(payload, chars))
-                        proposals = adapter.number_calls(turn.body, event.proposals)
-                        denied = self._admit_calls(turn, proposals)
+                        denied, again = self._decide(turn, turn.body, event.proposals)
+                        if again is not None:
+                            nxt, denied, forward = self._again(turn, again)
+                            if nxt is not None:
+                                exchange.close()
+                                yield from self._follow(nxt, forward, reader.follow_on(forward))
+                                return
                         yield from reader.finish(held, denied, self._stamp())
                         return
         except StreamBroken as cut:

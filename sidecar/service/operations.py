@@ -253,7 +253,7 @@ class OperationService:
             )
         if outcome.decision is BeginDecision.RECONCILE and spec is not None:
             asked_about = outcome.operation
-            finding = self._ask_receiver(dict(spec), principal, body.workflow)
+            finding = self.ask_receiver(dict(spec), principal, body.workflow)
             if finding is not None and asked_about is not None:
                 finding = replace(
                     finding, attempt=asked_about.attempt, updated_at=asked_about.updated_at
@@ -305,7 +305,7 @@ class OperationService:
             return False
         return core.asks_system_of_record(name, self.checks.shapes())
 
-    def _ask_receiver(
+    def ask_receiver(
         self, spec: dict[str, Any], principal: Principal, workflow: str | None
     ) -> CheckFinding | None:
         """Run a reconcile check (outside any transaction); None when it cannot run here

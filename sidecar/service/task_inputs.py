@@ -25,7 +25,9 @@ class CreateInput:
 @dataclass(frozen=True)
 class CallInput:
     """A tool call to admit; ``call_id`` is the caller's own id (admission is
-    idempotent on it), None for a generated one; ``flaw``: the model gate's screening."""
+    idempotent on it), None for a generated one; ``flaw``: the model gate's screening;
+    a write at the model gate (DESIGN §5.1) gives its ``lease_s``, ``reconcile``
+    check and ``ledger_repeats``."""
 
     tool: str
     kind: CallKind
@@ -33,3 +35,6 @@ class CallInput:
     operation_id: str | None
     call_id: str | None = None
     flaw: core.CallFlaw | None = None
+    lease_s: float | None = None
+    reconcile: dict[str, Any] | None = None
+    ledger_repeats: bool = False

@@ -420,7 +420,8 @@ class TaskService:
                     workflow=task.workflow,
                     task_id=task.task_id,
                     chain_id=task.chain_id,
-                    lease_s=self.settings.operations.lease_s,
+                    lease_s=body.lease_s or self.settings.operations.lease_s,
+                    reconcile_check=body.reconcile,
                 )
             call = ToolCall(
                 call_id,
@@ -429,6 +430,7 @@ class TaskService:
                 args_prints[self.fp.current.id],
                 begin,
                 given_id=body.call_id is not None,
+                ledger_repeats=body.ledger_repeats,
                 flaw=body.flaw,
             )
             exceeded = self.watch.exceeded(txn, ns, task)

@@ -47,7 +47,14 @@ Every turn reports 10 tokens (7 in, 3 out). It answers by ``--mode``:
 - ``no_usage``: as ``final`` without any usage;
 - ``cut``: a stream that breaks after its first text event (non-streamed:
   the connection closes mid-body);
-- ``slow``: answers after 2 s.
+- ``slow``: answers after 2 s;
+- ``write``: an agent that writes (DESIGN §5.1), in every API: while the conversation holds
+  fewer than ``--writes`` tool outputs (default 1), it proposes the first
+  offered tool with every schema property set to the last user message's
+  text (a lead's email, say), a new call id each time; then the final
+  answer. With ``--fail-once`` the first turn after its writes answers 500
+  once per user message (the execution fails after writing; the next
+  delivery of the same message gets the final answer).
 
 Hostile modes, each one way an upstream can try to slip past the gate (in
 every API; the id modes only where the API has call ids):
@@ -74,6 +81,7 @@ finished. Only the standard library: nothing to install.
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import itertools
 import json
@@ -106,9 +114,10 @@ MODES = (
     "huge_usage",
     "overspend",
     "big",
+    "write",
 )
-#: The modes whose answer proposes tool calls.
-CALLING = ("tool_call", "text_then_tool", *MODES[10:16])
+#: The modes whose answer proposes tool calls (``write_call``: a ``write`` turn that writes).
+CALLING = ("tool_call", "text_then_tool", *MODES[10:16], "write_call")
 
 USAGE_CHAT = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 USAGE_RESPONSES = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
@@ -130,6 +139,12 @@ class FakeLLM:
     def __init__(self) -> None:
         self.mode = "tool_call"
         self.api = "openai"
+        #: ``write`` mode: tool outputs to collect before the final answer
+        self.writes = 1
+        #: ``write`` mode: answer 500 once per user message after the writes
+        self.fail_once = False
+        #: ``write`` mode: the user messages that already failed once
+        self.failed: set[str] = set()
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.auth: list[str | None] = []
@@ -152,9 +167,29 @@ class FakeLLM:
         self.gzip = False
         self._ids = itertools.count(1)
 
+    def for_request(self, req: dict[str, Any]) -> FakeLLM:
+        """The stand-in as this request sees it: in ``write`` mode, its mode is
+        ``write_call``, ``500`` or ``final`` by the conversation so far (the
+        state, ids and logs shared)."""
+        if self.mode != "write":
+            return self
+        view = copy.copy(self)
+        if tool_outputs(req) < self.writes:
+            view.mode = "write_call"
+            return view
+        text = last_user_text(req)
+        view.mode = "final"
+        if self.fail_once and text not in self.failed:
+            self.failed.add(text)
+            view.mode = "500"
+        return view
+
     def calls(self, req: dict[str, Any], n: int) -> list[tuple[str, str, str]]:
         """The calls turn ``n`` proposes, ``(id, tool, arguments)``, by mode."""
         name, arguments = first_tool(req)
+        if self.mode == "write_call":
+            text = last_user_text(req)
+            return [(f"call_{n}", name, json.dumps({k: text for k in arguments}))]
         args = json.dumps(arguments)
         if self.mode == "repeat_call":
             return [(f"call_{n}", name, args)] * 5
@@ -223,6 +258,51 @@ def first_tool(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     schema = function.get("parameters") or function.get("input_schema") or {}
     props = schema.get("properties") or {}
     return function.get("name", "echo"), {k: "again" for k in props} or {"note": "again"}
+
+
+def _results(item: Any) -> int:
+    """How many tool results a message holds (Anthropic's ``tool_result``
+    blocks, Gemini's ``functionResponse`` parts)."""
+    if not isinstance(item, dict):
+        return 0
+    content = item.get("content") if "content" in item else item.get("parts")
+    if not isinstance(content, list):
+        return 0
+    return sum(
+        1
+        for b in content
+        if isinstance(b, dict) and (b.get("type") == "tool_result" or "functionResponse" in b)
+    )
+
+
+def _items(req: dict[str, Any]) -> Any:
+    return req.get("messages") or req.get("input") or req.get("contents") or []
+
+
+def tool_outputs(req: dict[str, Any]) -> int:
+    """How many tool outputs the request carries (any API)."""
+    items = _items(req)
+    if not isinstance(items, list):
+        return 0
+    return sum(
+        1 if i.get("role") == "tool" or i.get("type") == "function_call_output" else _results(i)
+        for i in items
+        if isinstance(i, dict)
+    )
+
+
+def last_user_text(req: dict[str, Any]) -> str:
+    """The text of the request's last user message (any API; not a tool result)."""
+    items = _items(req)
+    if isinstance(items, str):
+        return items
+    for item in reversed(items):
+        if isinstance(item, dict) and item.get("role") == "user" and not _results(item):
+            content = item.get("content", item.get("parts"))
+            if isinstance(content, list):
+                return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
 
 
 # -- chat completions --------------------------------------------------------------------
@@ -737,15 +817,16 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))
             llm.headers.append({k.lower(): v for k, v in self.headers.items()})
+            turn = llm.for_request(req)
             path = urlsplit(self.path).path
             messages = path.endswith("/v1/messages")
             ollama = path == "/api/chat"
             model, _, method = path.rpartition("/models/")[2].rpartition(":")
             gemini = method in ("generateContent", "streamGenerateContent")
-            failed = llm.error(anthropic=messages, ollama=ollama, gemini=gemini)
+            failed = turn.error(anthropic=messages, ollama=ollama, gemini=gemini)
             if failed is not None:
                 return self._json(*failed)
-            if llm.mode == "502_html":
+            if turn.mode == "502_html":
                 page = b"<html><body>Bad gateway</body></html>"
                 self.send_response(502)
                 self.send_header("Content-Type", "text/html")
@@ -753,22 +834,22 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(page)
                 return None
-            if llm.mode == "slow":
+            if turn.mode == "slow":
                 time.sleep(2)
             if gemini and method == "streamGenerateContent":
-                return self._stream(gemini_events(llm, req, model), named=False)
+                return self._stream(gemini_events(turn, req, model), named=False)
             if ollama and req.get("stream") is not False:
-                return self._stream(ollama_events(llm, req), named=False, ndjson=True)
+                return self._stream(ollama_events(turn, req), named=False, ndjson=True)
             responses = path.endswith("/responses")
             known = ollama or gemini or responses or messages
             if not (known or path.endswith("/chat/completions")):
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
             if req.get("stream") and not gemini:
                 if messages:
-                    return self._stream(messages_events(llm, req), named=True)
-                events = responses_events(llm, req) if responses else chat_events(llm, req)
+                    return self._stream(messages_events(turn, req), named=True)
+                events = responses_events(turn, req) if responses else chat_events(turn, req)
                 return self._stream(events, named=responses)
-            if llm.mode == "garbage":
+            if turn.mode == "garbage":
                 body = b"this is not json"
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -777,14 +858,14 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(body)
                 return None
             if messages:
-                answer = messages_answer(llm, req)
+                answer = messages_answer(turn, req)
             elif gemini:
-                answer = gemini_answer(llm, req, model)
+                answer = gemini_answer(turn, req, model)
             elif ollama:
-                answer = ollama_answer(llm, req)
+                answer = ollama_answer(turn, req)
             else:
-                answer = responses_answer(llm, req) if responses else chat_answer(llm, req)
-            if llm.mode == "big" and llm.gzip:
+                answer = responses_answer(turn, req) if responses else chat_answer(turn, req)
+            if turn.mode == "big" and turn.gzip:
                 body = gzip.compress(json.dumps(answer).encode(), compresslevel=9)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -793,7 +874,7 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(body)
                 return None
-            if llm.mode == "cut":
+            if turn.mode == "cut":
                 body = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -833,9 +914,12 @@ def main() -> None:
     parser.add_argument(
         "--api", choices=APIS, default="openai", help="the API whose address to print"
     )
+    parser.add_argument("--writes", type=int, default=1, help="write mode: tool outputs first")
+    parser.add_argument("--fail-once", action="store_true", help="write mode: 500 once after")
     args = parser.parse_args()
     llm = FakeLLM()
     llm.mode = args.mode
+    llm.writes, llm.fail_once = args.writes, args.fail_once
     llm.api = args.api
     server = _Server((args.host, args.port), _handler(llm))
     root = f"http://{args.host}:{args.port}"

@@ -25,6 +25,7 @@ A tool call, first match wins:
    that call's decision again (``replay`` once its write is committed),
    nothing counted; other arguments under it -> a conflict; an id whose call
    has its result is a new call (an upstream that numbers calls afresh);
+   another call under the id of a replayed one is a new call;
    another copy of a call id earlier in the same proposal
    (:attr:`CallFlaw.REPEAT`) goes on to the rules after this one;
 6. the task's policy does not allow the tool -> ``blocked``, ``policy_denied``;
@@ -38,7 +39,8 @@ A tool call, first match wins:
 10. a poll past ``max_polls`` or ``poll_deadline_s`` -> ``poll_budget``;
 11. ``max_same_call`` executions of this identical call (tool and RFC 8785
     arguments) at the current validated revision, wherever they fall in the
-    task -> ``same_call`` (polls exempt);
+    task -> ``same_call`` (polls exempt, and writes at the model gate: the
+    ledger decides their repeats);
 12. the call completes ``max_cycle_repeats`` repeats in a row of a block of
     2 or more calls at the current revision -> ``cycle`` (polls exempt);
 13. else ``execute``: the call is recorded and counted; a repeated copy
@@ -210,6 +212,8 @@ class ToolCall:
     :ivar given_id: ``call_id`` was chosen by the caller (admission is
         idempotent on it) rather than generated.
     :ivar flaw: what :func:`screen_proposal` found (model-gate proposals only).
+    :ivar ledger_repeats: the ledger alone decides repeats of this write (a
+        write at the model gate, DESIGN §5.1): exempt from rule 11.
     """
 
     call_id: str
@@ -219,6 +223,7 @@ class ToolCall:
     operation: BeginRequest | None = None
     given_id: bool = False
     flaw: CallFlaw | None = None
+    ledger_repeats: bool = False
 
 
 @dataclass(frozen=True)
@@ -272,7 +277,12 @@ def _rule_known_call_id(ask: _Ask) -> _Answer | None:
       pending (or a write's) is a conflict;
     - a write goes through the ledger all the same: another worker writing it is
       a deny, an unknown outcome ends the task, a committed one replays;
-    - a read still waiting for its result answers ``execute`` again.
+    - a read still waiting for its result answers ``execute`` again;
+    - another call under the id of a call the ledger replayed (answered from
+      the ledger, never relayed: nobody saw that id) is a new call. The model
+      gate numbers the calls of an API without ids (Ollama, Gemini) by their
+      place in the conversation n8n sent: a later call of the request takes
+      the place of one the gate answered itself.
 
     A repeated copy within one proposal goes on to the rules after this one
     and is counted and denied by :func:`_admit`.
@@ -289,6 +299,8 @@ def _rule_known_call_id(ask: _Ask) -> _Answer | None:
         ask.call.args_fp[:PRINT_DIGITS],
         operation_id,
     ):
+        if known.replayed:
+            return None
         raise StateConflict(
             f"call {ask.call.call_id!r} was admitted for another tool, other arguments "
             "or another operation",
@@ -356,7 +368,7 @@ def _rule_poll_budget(ask: _Ask) -> _Answer | None:
 
 
 def _rule_same_call(ask: _Ask) -> _Answer | None:
-    if ask.call.kind is CallKind.POLL:
+    if ask.call.kind is CallKind.POLL or ask.call.ledger_repeats:
         return None
     done = ask.task.identical_calls.get(ask.key, 0)
     return _ended(ask, EndReason.SAME_CALL) if done >= ask.task.limits.max_same_call else None

@@ -14,10 +14,12 @@ from sidecar.core import operations as ledger
 from sidecar.core.operations import (
     BeginDecision,
     BeginRequest,
+    CheckFinding,
     FailOutcome,
     Operation,
     OperationPolicy,
     OperationState,
+    ReconcileOutcome,
 )
 from sidecar.core.tasks.outcomes import DenyReason, EndReason
 from sidecar.core.tasks.state import Effect, Evidence, ResultStatus
@@ -105,6 +107,7 @@ def settle_write(
     evidence: Evidence | None,
     check_failed: str | None,
     now: float,
+    reconciled: CheckFinding | None = None,
 ) -> WriteSettlement:
     """Bring the write's operation up to date from its result.
 
@@ -119,9 +122,13 @@ def settle_write(
     ``retryable`` -> ``unknown``, ``retry_after_commit``; ``fatal`` -> ``unknown``.
 
     :param check_failed: the reason of the tool's check when it did not pass.
+    :param reconciled: the output proved nothing and the tool's reconcile check
+        ran (:func:`settle_by_check`): it decides instead.
     """
     oid, attempt = op.operation_id, op.attempt
     effect = evidence.effect if evidence is not None else None
+    if reconciled is not None:
+        return settle_by_check(op, reconciled, now)
 
     def fail(outcome: FailOutcome, detail: str, ends: EndReason | None) -> WriteSettlement:
         new, _ = ledger.fail(op, oid, attempt, outcome, detail, now)
@@ -154,6 +161,35 @@ def settle_write(
     except (StaleAttempt, StateConflict):  # superseded or settled: the ledger keeps what it knows
         seen = ledger.observe(op, now)
         return WriteSettlement(None, None, (oid,) if seen.state is OperationState.UNKNOWN else ())
+
+
+def settle_by_check(op: Operation, finding: CheckFinding, now: float) -> WriteSettlement:
+    """A write whose output did not prove it (DESIGN §5.1): its operation
+    becomes ``unknown``, then the reconcile check's finding settles it as
+    ``POST /v1/operations/{id}/reconcile`` would, with the check's evidence and
+    ``check:<name>`` as the actor: found -> ``committed`` (the task goes on);
+    proven absent -> ``not_committed`` (a later proposal may write again);
+    undecided -> stays ``unknown``, the task ends ``unknown_commit``.
+    """
+    oid = op.operation_id
+    try:
+        unknown, _ = ledger.fail(
+            op, oid, op.attempt, FailOutcome.UNKNOWN, "the output did not prove the write", now
+        )
+    except (StaleAttempt, StateConflict):  # settled meanwhile: the ledger keeps what it knows
+        seen = ledger.observe(op, now)
+        return WriteSettlement(None, None, (oid,) if seen.state is OperationState.UNKNOWN else ())
+    current = unknown or op
+    actor = f"check:{finding.check}"
+    if finding.found:
+        receipt = {"check": finding.check, "evidence": finding.evidence}
+        outcome = ReconcileOutcome.COMMITTED
+    elif finding.absent:
+        receipt, outcome = None, ReconcileOutcome.NOT_COMMITTED
+    else:
+        return WriteSettlement(current, EndReason.UNKNOWN_COMMIT, (oid,))
+    settled, _ = ledger.reconcile(current, oid, outcome, receipt, finding.evidence, actor, now)
+    return WriteSettlement(settled or current, None, ())
 
 
 def unknown_operations(ops: dict[str, Operation | None], now: float) -> list[str]:

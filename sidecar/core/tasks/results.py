@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sidecar.core.operations import Operation
+from sidecar.core.operations import CheckFinding, Operation
 from sidecar.core.tasks.ledger_bridge import settle_write
 from sidecar.core.tasks.lifecycle import deadline_passed, end, idle_step
 from sidecar.core.tasks.outcomes import EndReason, ResultDecision, ResultOutcome
@@ -84,7 +84,12 @@ class CheckVerdict:
 @dataclass(frozen=True)
 class ToolResult:
     """A result as reported; with ``check``, the sidecar's own verdict replaces
-    the caller's evidence. ``result_fp`` is the result's RFC 8785 fingerprint."""
+    the caller's evidence. ``result_fp`` is the result's RFC 8785 fingerprint.
+
+    :ivar reconciled: a write whose output proved nothing, and what its
+        reconcile check then found at the receiver (the model gate, DESIGN
+        §5.1): the operation becomes ``unknown`` and is reconciled at once.
+    """
 
     status: ResultStatus
     result_fp: str
@@ -92,6 +97,7 @@ class ToolResult:
     receipt: Any = None
     evidence: Evidence | None = None
     check: CheckVerdict | None = None
+    reconciled: CheckFinding | None = None
 
 
 def progress(task: Task, revision: int, result: Any) -> Task:
@@ -149,6 +155,7 @@ def record_result(
             ev,
             check.reason if check_failed and check else None,
             now,
+            res.reconciled,
         )
         new_op, write_ends, uncertain = settled.operation, settled.ends, settled.uncertain
 

@@ -250,6 +250,9 @@ class Task:
         brings no new information).
     :ivar activations: how many times the task was created (1, then one more
         per re-activation under its ``task_key``).
+    :ivar exchanges: the exchanges the model gate answered itself (a write
+        already committed or being written, DESIGN §5.1), as
+        :class:`sidecar.core.gate_writes.KeptExchange` documents, oldest first.
     """
 
     task_id: str
@@ -276,6 +279,7 @@ class Task:
     ended_at: float | None = None
     resumes: tuple[Mapping[str, Any], ...] = ()
     activations: int = 1
+    exchanges: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def status(self) -> TaskStatus:
@@ -314,7 +318,7 @@ class Task:
         doc["used"] = self.used.to_doc()
         doc["calls"] = list(self.calls)
         doc["identical_calls"] = dict(self.identical_calls)
-        for name in ("results_seen", "operations", "resumes"):
+        for name in ("results_seen", "operations", "resumes", "exchanges"):
             doc[name] = list(getattr(self, name))
         doc["allowed_tools"] = None if self.allowed_tools is None else list(self.allowed_tools)
         doc["envelope"] = None if self.envelope is None else self.envelope.to_doc()
@@ -332,7 +336,7 @@ class Task:
         d["calls"] = tuple(d.get("calls", ()))
         d["identical_calls"] = dict(d.get("identical_calls") or {})
         d["validated_revision"] = int(d.get("validated_revision") or 0)
-        for name in ("results_seen", "operations", "resumes"):
+        for name in ("results_seen", "operations", "resumes", "exchanges"):
             d[name] = tuple(d.get(name, ()))
         if d.get("allowed_tools") is not None:
             d["allowed_tools"] = tuple(d["allowed_tools"])

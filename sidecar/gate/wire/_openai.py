@@ -18,6 +18,7 @@ from sidecar.gate.wire.base import (
     sse,
     token_count,
 )
+from sidecar.gate.wire.conversation import Conversation
 
 
 def validate_common(body: Mapping[str, Any]) -> None:
@@ -173,7 +174,7 @@ def model_list(listed: Any, default_model: str) -> dict[str, Any]:
     }
 
 
-class OpenAIBase:
+class OpenAIBase(Conversation):
     """The members both OpenAI adapters share."""
 
     api = OPENAI

@@ -12,6 +12,14 @@ first ``tool_use`` block on, every content event is held, so the events
 keep their order whatever is decided; ``message_delta`` is held to the end.
 The wrap-up note is appended to ``system`` (the Messages API has no system
 role in ``messages``). Errors are ``{"type": "error", "error": {type, message}}``.
+
+An exchange the gate answers itself (DESIGN §5.1) is an assistant message
+with the one ``tool_use`` block, then a user message with its
+``tool_result``; it is put back only between messages, after a user message
+(the alternation the API requires: every ``tool_use`` answered in the next
+message). A stream the gate asks again continues the one Message the
+agent reads: no second ``message_start``, block indexes after the blocks
+already passed.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sidecar.core.gate_writes import output_anchor, user_anchor
 from sidecar.gate.wire.base import (
     BEARER,
     MAX_OUTPUT_LIMIT,
@@ -48,6 +57,7 @@ from sidecar.gate.wire.base import (
     sse_frame,
     token_count,
 )
+from sidecar.gate.wire.conversation import Conversation
 
 #: The version every Anthropic client sends; the default when a request sends none.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -186,12 +196,17 @@ class MessagesStream:
     """Reads a Messages stream (see the module's docstring): ``message_start``,
     ``ping`` and content events before the first ``tool_use`` block pass; from
     it on, content events are held; ``message_delta`` is kept for the end and
-    ``message_stop`` is the :class:`~sidecar.gate.wire.base.Final`."""
+    ``message_stop`` is the :class:`~sidecar.gate.wire.base.Final`.
 
-    def __init__(self) -> None:
+    A follow-on stream (:meth:`follow_on`) drops its ``message_start`` and
+    numbers its blocks from ``offset``, the blocks the agent already read."""
+
+    def __init__(self, offset: int = 0, follow: bool = False) -> None:
         self.calls: dict[Any, dict[str, Any]] = {}
         self.holding_from: int | None = None
-        self.next_index = 0
+        self.next_index = offset
+        self.offset = offset
+        self.follow = follow
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.delta: dict[str, Any] | None = None
@@ -210,14 +225,18 @@ class MessagesStream:
         """See :meth:`sidecar.gate.wire.base.StreamReader.feed`."""
         data = json_frame(frame)
         kind = str(data.get("type") or frame.event or "")
-        raw = sse_frame(frame) if frame.event else sse(frame.data, kind or None)
+        if self.offset and isinstance(data.get("index"), int):
+            data = {**data, "index": data["index"] + self.offset}
+            raw = sse(data, frame.event or kind or None)
+        else:
+            raw = sse_frame(frame) if frame.event else sse(frame.data, kind or None)
         if kind == "error":
             return [ErrorEvent(raw)]
         if kind == "message_start":
             message = data.get("message")
             if isinstance(message, dict):
                 self._read_usage(message.get("usage"))
-            return [Passed(raw)]
+            return [] if self.follow else [Passed(raw)]
         if kind == "message_delta":
             self._read_usage(data.get("usage"))
             self.delta = data
@@ -273,8 +292,15 @@ class MessagesStream:
         index = self.holding_from if self.holding_from is not None else self.next_index
         return [*_text_events(text, index), *_end_events(self.delta, "end_turn")]
 
+    def follow_on(self, body: Mapping[str, Any]) -> MessagesStream:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.follow_on`: the next
+        Message's blocks come after the ones passed (this stream's held blocks,
+        from ``holding_from`` on, were never sent)."""
+        passed = self.holding_from if self.holding_from is not None else self.next_index
+        return MessagesStream(passed, follow=True)
 
-class AnthropicMessages:
+
+class AnthropicMessages(Conversation):
     """The Messages API adapter (see the module's docstring)."""
 
     name = "messages"
@@ -492,3 +518,54 @@ class AnthropicMessages:
             "lifecycle": "active",
         }
         return {"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}
+
+    # -- the gate's own exchanges ------------------------------------------------------
+
+    def conversation(self, body: Mapping[str, Any]) -> list[Any]:
+        """``messages``."""
+        return list(body.get("messages") or [])
+
+    def with_conversation(self, body: Mapping[str, Any], items: list[Any]) -> dict[str, Any]:
+        """The body with ``messages`` replaced."""
+        return {**body, "messages": items}
+
+    def item_anchor(self, item: Any) -> str | None:
+        """A user message's last ``tool_result`` (its ``tool_use_id``), else its text;
+        None for the others (an exchange goes back only after a user message)."""
+        if not isinstance(item, dict) or item.get("role") != "user":
+            return None
+        blocks = _blocks(item.get("content"))
+        results = [
+            b["tool_use_id"]
+            for b in blocks
+            if b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str)
+        ]
+        if results:
+            return output_anchor(results[-1])
+        return user_anchor(_text_of(blocks))
+
+    def is_user_message(self, item: Any) -> bool:
+        """A user message holding no ``tool_result`` block."""
+        return (
+            isinstance(item, dict)
+            and item.get("role") == "user"
+            and not any(b.get("type") == "tool_result" for b in _blocks(item.get("content")))
+        )
+
+    def exchange_items(self, proposal: Proposal, output_text: str) -> list[Any]:
+        """An assistant message with the one ``tool_use`` block (its ``input`` an
+        object, as the API requires), then a user message with its ``tool_result``."""
+        args = proposal.args if isinstance(proposal.args, dict) else {}
+        use = {"type": "tool_use", "id": proposal.call_id, "name": proposal.tool, "input": args}
+        result = {"type": "tool_result", "tool_use_id": proposal.call_id, "content": output_text}
+        return [
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+        ]
+
+
+def _text_of(blocks: Sequence[Mapping[str, Any]]) -> str:
+    """The texts of a message's text blocks, joined."""
+    return "".join(
+        b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
+    )

@@ -21,9 +21,16 @@ An API that gives calls no id (Ollama, Gemini) has its adapter number the
 proposals by their position in the conversation (``number_calls``), and
 read the tool outputs coming back by the same numbers (``tool_outputs``).
 
-Room is left for what is not built yet: putting an exchange of the gate's
-own into the conversation (``with_exchange(body, proposal, output_text)``,
-DESIGN §5.1).
+Writes at the gate (DESIGN §5.1) put exchanges of the gate's own into the
+conversation: a proposal it did not relay and the tool output it wrote
+itself. An adapter gives the primitives (:meth:`WireAdapter.conversation`,
+:meth:`~WireAdapter.with_conversation`, :meth:`~WireAdapter.item_anchor`,
+:meth:`~WireAdapter.is_user_message`, :meth:`~WireAdapter.exchange_items`);
+:class:`Conversation` builds ``with_exchange`` and ``with_kept`` on them
+with the one splice rule of :func:`sidecar.core.gate_writes.splice`. A
+stream the gate asks again within one request is read by
+:meth:`StreamReader.follow_on`, which continues the answer the agent is
+reading.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from sidecar.canonical import canonical_json
+from sidecar.core.gate_writes import KeptExchange
 from sidecar.errors import MalformedRequest
 
 #: Characters per token of the estimate used when the upstream reports no
@@ -273,6 +281,14 @@ class StreamReader(Protocol):
         message in place of the proposals; then the API's closing events."""
         ...
 
+    def follow_on(self, body: Mapping[str, Any]) -> StreamReader:
+        """A reader for the next upstream stream of the same request (the gate
+        asked again, ``body`` the request it sent): its events continue the
+        answer the agent is reading (no second start of a response, indexes and
+        sequence numbers after this stream's); this stream's held events and
+        closing events are never emitted."""
+        ...
+
 
 class WireAdapter(Protocol):
     """One wire format the gate speaks (every method pure).
@@ -391,6 +407,54 @@ class WireAdapter(Protocol):
     def model_list(self, listed: Any, default_model: str) -> dict[str, Any]:
         """The model list to answer: the upstream's when it is one, else ``default_model``."""
         ...
+
+    # -- the gate's own exchanges (DESIGN §5.1) ------------------------------------
+
+    def conversation(self, body: Mapping[str, Any]) -> list[Any]:
+        """The request's conversation items, in order (a plain-text input as one user item)."""
+        ...
+
+    def with_conversation(self, body: Mapping[str, Any], items: list[Any]) -> dict[str, Any]:
+        """The request with ``items`` as its conversation."""
+        ...
+
+    def item_anchor(self, item: Any) -> str | None:
+        """A key of ``item`` that stays the same in later requests, for the items
+        n8n sends back unchanged: a tool output
+        (:func:`sidecar.core.gate_writes.output_anchor` of its call id) and a
+        user message (:func:`~sidecar.core.gate_writes.user_anchor` of its
+        text); None for the others (n8n rewrites an echoed call's arguments)."""
+        ...
+
+    def is_user_message(self, item: Any) -> bool:
+        """``item`` is a message the user wrote (not a tool output)."""
+        ...
+
+    def exchange_items(self, proposal: Proposal, output_text: str) -> list[Any]:
+        """The conversation items of one call and its output, as the agent
+        itself would send them back after running the tool."""
+        ...
+
+    def with_exchange(
+        self, body: Mapping[str, Any], proposal: Proposal, output_text: str
+    ) -> dict[str, Any]:
+        """The request with ``proposal`` and its tool output appended."""
+        ...
+
+    def with_kept(self, body: Mapping[str, Any], kept: Sequence[KeptExchange]) -> dict[str, Any]:
+        """The request with ``kept`` put back (:func:`sidecar.core.gate_writes.splice`)."""
+        ...
+
+    def last_anchor(self, body: Mapping[str, Any]) -> str | None:
+        """The anchor a new exchange appended to ``body`` is kept with."""
+        ...
+
+
+def arguments_text(args: Any) -> str:
+    """A proposal's arguments as the API's argument text (JSON; text kept as it came)."""
+    if isinstance(args, str):
+        return args
+    return json.dumps(args, separators=(",", ":"), ensure_ascii=False)
 
 
 def bad(field_path: str, msg: str) -> MalformedRequest:

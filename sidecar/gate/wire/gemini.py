@@ -12,8 +12,10 @@ uuid in the echoed ``args.id``), so the adapter names each call by where it
 stands in the conversation (DESIGN §5): ``gemini-<anchor>-<n>``, ``n`` the
 call's place among every ``functionCall`` part of ``contents`` (n8n echoes
 each relayed call back in order, one model turn per call or one shared
-turn) and ``anchor`` a digest of the contents before the first call (the
-user's input and any memory, the same in every turn of one agent run), so
+turn) and ``anchor`` a digest of the system text and the contents before
+the first call (the user's input and any memory, the same in every turn of
+one agent run; a run that opens alike names itself with a
+``loopstop-execution`` line, DESIGN §5), so
 that a second run on the same task numbers its calls apart
 (:meth:`Gemini.number_calls`, for an answer and a stream alike: the reader
 gives the calls in order, without ids). A ``functionResponse`` answers the
@@ -30,11 +32,20 @@ the end of the turn (its last chunk carries ``finishReason``).
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sidecar.gate.wire._gemini import (
+    GeminiConversation,
+    _call,
+    _get,
+    _key,
+    _list,
+    _numbering,
+    _parts,
+    call_id,
+    seen,
+)
 from sidecar.gate.wire.base import (
     MAX_CHOICES,
     MAX_OUTPUT_LIMIT,
@@ -95,33 +106,6 @@ GEMINI = Api(
 )
 
 
-def _snake(name: str) -> str:
-    return "".join("_" + c.lower() if c.isupper() else c for c in name)
-
-
-def _key(obj: Mapping[str, Any], name: str) -> str:
-    """The key ``obj`` spells ``name`` with: proto JSON takes ``lowerCamel`` and
-    ``snake_case`` alike (n8n and Google's SDKs send camel)."""
-    return name if name in obj or _snake(name) not in obj else _snake(name)
-
-
-def _get(obj: Any, name: str) -> Any:
-    return obj.get(_key(obj, name)) if isinstance(obj, Mapping) else None
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _parts(content: Any) -> list[dict[str, Any]]:
-    return [p for p in _list(_get(content, "parts")) if isinstance(p, dict)]
-
-
-def _call(part: Mapping[str, Any]) -> dict[str, Any] | None:
-    found = _get(part, "functionCall")
-    return found if isinstance(found, dict) else None
-
-
 def _text(parts: Sequence[Mapping[str, Any]]) -> int:
     """The characters of model text in ``parts`` (not thoughts)."""
     return sum(
@@ -133,28 +117,6 @@ _count = token_count
 
 #: Request fields whose cost is held upstream, not bounded by the request's bytes.
 HELD_UPSTREAM = ("cachedContent",)
-
-
-# -- numbering calls ---------------------------------------------------------------------
-
-
-def _numbering(body: Mapping[str, Any]) -> tuple[str, int]:
-    """``(anchor, calls)``: the digest of the contents before the first call, and
-    how many ``functionCall`` parts the contents hold (the next call's number)."""
-    head: list[Any] = []
-    calls = 0
-    for content in _list(body.get("contents")):
-        found = sum(1 for p in _parts(content) if _call(p) is not None)
-        if found == 0 and calls == 0:
-            head.append(content)
-        calls += found
-    text = json.dumps(head, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12], calls
-
-
-def call_id(anchor: str, n: int) -> str:
-    """The id of the ``n``-th call (from 0) of the conversation ``anchor`` names."""
-    return f"gemini-{anchor}-{n}"
 
 
 def _proposal(fn: Mapping[str, Any]) -> Proposal:
@@ -265,6 +227,11 @@ class GeminiStream:
                 chunk[name] = self.base[name]
         return [sse(chunk)]
 
+    def follow_on(self, body: Mapping[str, Any]) -> GeminiStream:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.follow_on`: every chunk
+        stands alone, so the next stream's chunks continue as they come."""
+        return GeminiStream()
+
 
 def _with_parts(
     chunk: Mapping[str, Any], first: Mapping[str, Any], parts: list[dict[str, Any]]
@@ -276,7 +243,7 @@ def _with_parts(
     return {**chunk, "candidates": [{**first, "content": content}]}
 
 
-class Gemini:
+class Gemini(GeminiConversation):
     """The Gemini adapter (see the module's docstring); ``stream`` says which
     method it serves (``streamGenerateContent`` or ``generateContent``).
 
@@ -347,12 +314,12 @@ class Gemini:
     def tool_outputs(self, body: Mapping[str, Any]) -> list[ToolOutput]:
         """The ``functionResponse`` parts, each answering the earliest call before
         it with its tool name that no output answered yet (the calls numbered as
-        :func:`call_id` names them)."""
+        :func:`call_id` names them; the gate's own exchanges answer nothing)."""
         anchor, _ = _numbering(body)
         calls: list[tuple[str, Any]] = []
         answered: set[int] = set()
         out: list[ToolOutput] = []
-        for content in _list(body.get("contents")):
+        for content in seen(_list(body.get("contents"))):
             for part in _parts(content):
                 fn = _call(part)
                 if fn is not None:

@@ -18,6 +18,17 @@ digest is that of its opening (the messages before its first call), so two
 conversations of one task (two executions, a re-run with another opening)
 do not share ids. Two executions with the very same opening do; a
 ``loopstop-execution`` line in the System Message tells them apart.
+
+An exchange the gate answers itself (DESIGN §5.1) is an assistant message
+whose one call carries the gate's own id
+(:func:`~sidecar.core.gate_writes.own_call_id`), then its ``role: "tool"``
+message (with ``tool_name``). Such calls are never counted: a gate-answered
+exchange does not shift the numbers of the calls n8n sees, whether it was
+put in by this request or put back from an earlier one. The conversation
+the gate splices is made of :class:`Item` values that keep an assistant
+message with calls together with the tool messages answering it (an
+exchange never goes between a call and its output); such a group's anchor
+is the id of its last call, which a later request numbers the same.
 """
 
 from __future__ import annotations
@@ -26,9 +37,11 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.canonical import canonical_json
+from sidecar.core.gate_writes import is_own_call_id, output_anchor, user_anchor
 from sidecar.gate.wire.base import (
     BEARER,
     MAX_OUTPUT_LIMIT,
@@ -55,6 +68,7 @@ from sidecar.gate.wire.base import (
     rfc3339,
     token_count,
 )
+from sidecar.gate.wire.conversation import Conversation
 
 #: The timings of an answer the gate writes itself (nanoseconds, all zero).
 ZERO_TIMINGS = {
@@ -88,6 +102,34 @@ def _calls(message: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     calls = message.get("tool_calls")
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def _own(message: Mapping[str, Any]) -> bool:
+    """An assistant message of an exchange the gate answered itself."""
+    calls = _calls(message)
+    return bool(calls) and all(is_own_call_id(c.get("id")) for c in calls)
+
+
+def _groups(messages: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], ...]]:
+    """The messages, each alone, but an assistant message with calls together with
+    the ``role: "tool"`` messages right after it (at most one per call)."""
+    out: list[tuple[dict[str, Any], ...]] = []
+    i = 0
+    while i < len(messages):
+        calls = _calls(messages[i])
+        j = i + 1
+        while calls and j < len(messages) and messages[j].get("role") == "tool":
+            if j - i > len(calls):
+                break
+            j += 1
+        out.append(tuple(messages[i:j]))
+        i = j
+    return out
+
+
+def _seen(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages n8n sent: without the gate's own exchanges."""
+    return [m for group in _groups(messages) if not _own(group[0]) for m in group]
 
 
 def _name(call: Mapping[str, Any]) -> str:
@@ -144,7 +186,7 @@ class OllamaStream:
     turn with the proposals and its counts (kept to close the stream)."""
 
     def __init__(self) -> None:
-        self.proposals: list[Proposal] = []
+        self.proposals: list[Proposal] = []  # (a follow-on stream is a new reader)
         self.base: dict[str, Any] = {}
         self.done: dict[str, Any] | None = None
 
@@ -191,8 +233,24 @@ class OllamaStream:
         }
         return [_text_line(self.base, text, stamp), line(done)]
 
+    def follow_on(self, body: Mapping[str, Any]) -> OllamaStream:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.follow_on`: NDJSON lines
+        stand alone, so the next stream's lines continue as they come (only the
+        last stream's done line ends the answer)."""
+        return OllamaStream()
 
-class Ollama:
+
+@dataclass(frozen=True)
+class Item:
+    """One item of the conversation the gate splices (see the module's
+    docstring): its messages, its anchor, and whether the user wrote it."""
+
+    messages: tuple[dict[str, Any], ...]
+    anchor: str | None = None
+    user: bool = False
+
+
+class Ollama(Conversation):
     """The Ollama chat adapter (see the module's docstring)."""
 
     api = OLLAMA_API
@@ -245,8 +303,9 @@ class Ollama:
     def tool_outputs(self, body: Mapping[str, Any]) -> list[ToolOutput]:
         """The ``role: "tool"`` messages, each answering the next unanswered call
         (the first of its ``tool_name``, when it names one) of the last assistant
-        message with calls before it; a tool message with no such call answers nothing."""
-        messages = _messages(body)
+        message with calls before it; a tool message with no such call answers
+        nothing (nor do the gate's own exchanges)."""
+        messages = _seen(_messages(body))
         digest = _digest(messages)
         out: list[ToolOutput] = []
         waiting: list[tuple[int, str]] = []
@@ -306,8 +365,8 @@ class Ollama:
     def number_calls(self, body: Mapping[str, Any], proposals: list[Proposal]) -> list[Proposal]:
         """The proposals numbered after the calls the conversation already holds
         (see the module's docstring); the upstream's ids, if any, are not kept:
-        n8n drops them."""
-        messages = _messages(body)
+        n8n drops them; the gate's own exchanges are not counted)."""
+        messages = _seen(_messages(body))
         digest = _digest(messages)
         start = sum(len(_calls(m)) for m in messages)
         return [
@@ -405,3 +464,54 @@ class Ollama:
                 }
             ]
         }
+
+    # -- the gate's own exchanges ------------------------------------------------------
+
+    def conversation(self, body: Mapping[str, Any]) -> list[Any]:
+        """``messages`` as :class:`Item` values: a user message anchored by its
+        text, a group of calls and outputs by its last call's id (by position, as
+        :meth:`number_calls`; the gate's own by its own id)."""
+        messages = _messages(body)
+        digest = _digest(_seen(messages))
+        items: list[Any] = []
+        n = 0
+        for group in _groups(messages):
+            first, calls = group[0], _calls(group[0])
+            if calls and _own(first):
+                items.append(Item(group, output_anchor(str(calls[-1]["id"]))))
+            elif calls:
+                n += len(calls)
+                items.append(Item(group, output_anchor(call_id(digest, n - 1))))
+            elif first.get("role") == "user":
+                content = first.get("content")
+                text = content if isinstance(content, str) else ""
+                items.append(Item(group, user_anchor(text), user=True))
+            else:
+                items.append(Item(group))
+        return items
+
+    def with_conversation(self, body: Mapping[str, Any], items: list[Any]) -> dict[str, Any]:
+        """The body with ``messages`` made of the items' messages."""
+        messages = [m for i in items for m in (i.messages if isinstance(i, Item) else (i,))]
+        return {**body, "messages": messages}
+
+    def item_anchor(self, item: Any) -> str | None:
+        """The :class:`Item`'s anchor."""
+        return item.anchor if isinstance(item, Item) else None
+
+    def is_user_message(self, item: Any) -> bool:
+        """A ``role: "user"`` message."""
+        return isinstance(item, Item) and item.user
+
+    def exchange_items(self, proposal: Proposal, output_text: str) -> list[Any]:
+        """An assistant message with the one call under its own id (``arguments``
+        an object, as the API requires), then its ``role: "tool"`` message."""
+        args = proposal.args if isinstance(proposal.args, dict) else {}
+        call = {
+            "id": proposal.call_id,
+            "type": "function",
+            "function": {"name": proposal.tool, "arguments": args},
+        }
+        asked = {"role": "assistant", "content": "", "tool_calls": [call]}
+        answered = {"role": "tool", "content": output_text, "tool_name": proposal.tool}
+        return [Item((asked, answered), output_anchor(proposal.call_id))]

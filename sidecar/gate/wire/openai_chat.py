@@ -14,6 +14,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sidecar.core.gate_writes import output_anchor, user_anchor
 from sidecar.gate.wire import _openai
 from sidecar.gate.wire._openai import OpenAIBase
 from sidecar.gate.wire.base import (
@@ -31,6 +32,7 @@ from sidecar.gate.wire.base import (
     StreamEvent,
     ToolOutput,
     Usage,
+    arguments_text,
     bad,
     json_frame,
     parse_args,
@@ -157,6 +159,12 @@ class ChatStream:
             out.append(_usage_chunk(self.base, self.usage, stamp))
         out.append(DONE)
         return out
+
+    def follow_on(self, body: Mapping[str, Any]) -> ChatStream:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.follow_on`: chunks of the
+        next completion continue the same stream as they come (a client joins
+        deltas; only this stream's ``[DONE]`` ends it)."""
+        return ChatStream(body)
 
 
 class OpenAIChat(OpenAIBase):
@@ -296,3 +304,39 @@ class OpenAIChat(OpenAIBase):
     def stream_reader(self, body: Mapping[str, Any]) -> ChatStream:
         """A :class:`ChatStream` for ``body``."""
         return ChatStream(body)
+
+    # -- the gate's own exchanges ------------------------------------------------------
+
+    def conversation(self, body: Mapping[str, Any]) -> list[Any]:
+        """``messages``."""
+        return list(body.get("messages") or [])
+
+    def with_conversation(self, body: Mapping[str, Any], items: list[Any]) -> dict[str, Any]:
+        """The body with ``messages`` replaced."""
+        return {**body, "messages": items}
+
+    def item_anchor(self, item: Any) -> str | None:
+        """A ``tool`` message's ``tool_call_id``, a ``user`` message's text."""
+        if not isinstance(item, dict):
+            return None
+        if item.get("role") == "tool" and isinstance(item.get("tool_call_id"), str):
+            return output_anchor(item["tool_call_id"])
+        if item.get("role") == "user":
+            return user_anchor(_openai.text_of(item.get("content")))
+        return None
+
+    def is_user_message(self, item: Any) -> bool:
+        """``role: "user"``."""
+        return isinstance(item, dict) and item.get("role") == "user"
+
+    def exchange_items(self, proposal: Proposal, output_text: str) -> list[Any]:
+        """An assistant message with the one tool call, then its ``tool`` message."""
+        call = {
+            "id": proposal.call_id,
+            "type": "function",
+            "function": {"name": proposal.tool, "arguments": arguments_text(proposal.args)},
+        }
+        return [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": proposal.call_id, "content": output_text},
+        ]

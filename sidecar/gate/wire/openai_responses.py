@@ -15,6 +15,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sidecar.core.gate_writes import output_anchor, user_anchor
 from sidecar.gate.wire import _openai
 from sidecar.gate.wire._openai import OpenAIBase
 from sidecar.gate.wire.base import (
@@ -32,6 +33,7 @@ from sidecar.gate.wire.base import (
     StreamEvent,
     ToolOutput,
     Usage,
+    arguments_text,
     bad,
     json_frame,
     parse_args,
@@ -41,6 +43,7 @@ from sidecar.gate.wire.base import (
 
 _CALL_EVENTS = ("response.function_call_arguments.delta", "response.function_call_arguments.done")
 _FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+_START_EVENTS = ("response.created", "response.in_progress")
 #: The usage of an answer the gate writes itself (the Responses API's usage object
 #: has its details members: the SDK's ``ResponseUsage`` requires them).
 ZERO_USAGE = {
@@ -123,13 +126,39 @@ class ResponsesStream:
     ``.failed``) carries the usage. The proposals are the calls the item events
     streamed (what a client builds its tool calls from: ``output_item.added``,
     the argument deltas, ``output_item.done``), then any call of the final
-    event's ``output`` they did not: every call relayed is a call decided."""
+    event's ``output`` they did not: every call relayed is a call decided.
 
-    def __init__(self) -> None:
+    A follow-on stream (:meth:`follow_on`) continues the answer the agent is
+    reading: its ``response.created`` / ``response.in_progress`` are dropped,
+    its ``output_index`` values come after the items already passed and its
+    ``sequence_number`` values after the last one sent.
+    """
+
+    def __init__(self, offset: int = 0, seq_base: int | None = None) -> None:
         #: the streamed function_call items by output_index, arguments joined
         self.calls: dict[Any, dict[str, Any]] = {}
         self.last_seq = 0
         self.final: tuple[Frame, dict[str, Any], dict[str, Any]] | None = None
+        #: output items before this stream's (passed by earlier streams of the request)
+        self.offset = offset
+        #: None: the first stream (events pass unchanged); else numbering continues here
+        self.seq_base = seq_base
+        self.passed_items: set[Any] = set()
+        self.sent_seq = seq_base - 1 if seq_base is not None else 0
+
+    def _raw(self, frame: Frame, data: dict[str, Any]) -> bytes:
+        """The frame as it goes out: unchanged, or renumbered in a follow-on stream."""
+        if self.seq_base is None:
+            if isinstance(data.get("sequence_number"), int):
+                self.sent_seq = data["sequence_number"]
+            return sse_frame(frame)
+        out = dict(data)
+        if isinstance(out.get("output_index"), int):
+            out["output_index"] += self.offset
+        if isinstance(out.get("sequence_number"), int):
+            out["sequence_number"] += self.seq_base
+            self.sent_seq = out["sequence_number"]
+        return sse(out, frame.event)
 
     def _streamed(self, kind: str, data: Mapping[str, Any]) -> None:
         at = data.get("output_index")
@@ -157,7 +186,7 @@ class ResponsesStream:
         if isinstance(data.get("sequence_number"), int):
             self.last_seq = data["sequence_number"]
         if kind == "error":
-            return [ErrorEvent(sse_frame(frame))]
+            return [ErrorEvent(self._raw(frame, data))]
         if kind in _FINAL_EVENTS:
             response = data.get("response")
             if not isinstance(response, dict):
@@ -167,17 +196,21 @@ class ResponsesStream:
             self.final = (frame, data, response)
             usage = OpenAIResponses.usage(response.get("usage"))
             return [Final(self._final_proposals(response), usage)]
+        if self.seq_base is not None and kind in _START_EVENTS:
+            return []
         item = data.get("item")
         if kind.startswith("response.output_item.") and _is_call(item):
             self._streamed(kind, data)
-            return [Held(sse_frame(frame))]
+            return [Held(self._raw(frame, data))]
         if kind in _CALL_EVENTS and data.get("output_index") in self.calls:
             self._streamed(kind, data)
-            return [Held(sse_frame(frame))]
+            return [Held(self._raw(frame, data))]
+        if kind == "response.output_item.added":
+            self.passed_items.add(data.get("output_index"))
         chars = 0
         if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
             chars = len(data["delta"])
-        return [Passed(sse_frame(frame), chars)]
+        return [Passed(self._raw(frame, data), chars)]
 
     def end(self) -> Final:
         """See :meth:`sidecar.gate.wire.base.StreamReader.end`: always broken
@@ -193,13 +226,18 @@ class ResponsesStream:
         assert self.final is not None, "finish follows the Final event"
         frame, data, response = self.final
         if text is None:
-            return [*(h.raw for h in held), sse_frame(frame)]
+            return [*(h.raw for h in held), self._raw(frame, data)]
         kept = [i for i in response.get("output") or [] if not _is_call(i)]
-        seq = _counter(self.last_seq + 1)
-        events, item = _message_events(text, len(kept), seq, stamp.id("msg_loopstop"))
+        seq = _counter(max(self.last_seq + (self.seq_base or 0), self.sent_seq) + 1)
+        at = self.offset + len(kept)
+        events, item = _message_events(text, at, seq, stamp.id("msg_loopstop"))
         done = {**response, "output": [*kept, item], "status": "completed"}
         completed = {**data, "type": "response.completed", "sequence_number": seq()}
         return [*events, sse({**completed, "response": done}, "response.completed")]
+
+    def follow_on(self, body: Mapping[str, Any]) -> ResponsesStream:
+        """See :meth:`sidecar.gate.wire.base.StreamReader.follow_on`."""
+        return ResponsesStream(self.offset + len(self.passed_items), self.sent_seq + 1)
 
 
 def _order(entry: tuple[Any, dict[str, Any]]) -> tuple[int, str]:
@@ -366,3 +404,46 @@ class OpenAIResponses(OpenAIBase):
     def stream_reader(self, body: Mapping[str, Any]) -> ResponsesStream:
         """A :class:`ResponsesStream`."""
         return ResponsesStream()
+
+    # -- the gate's own exchanges ------------------------------------------------------
+
+    def conversation(self, body: Mapping[str, Any]) -> list[Any]:
+        """``input`` items (a string ``input`` as one user message item)."""
+        given = body.get("input")
+        if isinstance(given, list):
+            return list(given)
+        return [{"type": "message", "role": "user", "content": given}] if given else []
+
+    def with_conversation(self, body: Mapping[str, Any], items: list[Any]) -> dict[str, Any]:
+        """The body with ``input`` replaced."""
+        return {**body, "input": items}
+
+    def item_anchor(self, item: Any) -> str | None:
+        """A ``function_call_output``'s ``call_id``, a user message's text."""
+        if not isinstance(item, dict):
+            return None
+        if item.get("type") == "function_call_output" and isinstance(item.get("call_id"), str):
+            return output_anchor(item["call_id"])
+        if self.is_user_message(item):
+            return user_anchor(_openai.text_of(item.get("content")))
+        return None
+
+    def is_user_message(self, item: Any) -> bool:
+        """A ``message`` item with ``role: "user"``."""
+        return (
+            isinstance(item, dict)
+            and item.get("role") == "user"
+            and item.get("type", "message") == "message"
+        )
+
+    def exchange_items(self, proposal: Proposal, output_text: str) -> list[Any]:
+        """A ``function_call`` item, then its ``function_call_output``."""
+        return [
+            {
+                "type": "function_call",
+                "call_id": proposal.call_id,
+                "name": proposal.tool,
+                "arguments": arguments_text(proposal.args),
+            },
+            {"type": "function_call_output", "call_id": proposal.call_id, "output": output_text},
+        ]

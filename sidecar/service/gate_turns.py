@@ -1,0 +1,164 @@
+"""What the model gate keeps while it serves one request: the decision log's
+record of the turn, the answer, and the request being served."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from sidecar.auth import Principal
+from sidecar.config import ModelGateConfig
+from sidecar.core import cost
+from sidecar.core.tasks import Task, TurnDecision
+from sidecar.errors import MalformedRequest, NotFound
+from sidecar.gate.lines import TaskLines
+from sidecar.gate.wire.base import Api, Inbound, WireAdapter
+from sidecar.outbound.upstream import Upstream
+from sidecar.service.task_inputs import CreateInput
+from sidecar.service.tasks import TaskService
+
+
+@dataclass
+class TurnRecord:
+    """How a turn was decided, for the decision log (filled in as a stream ends).
+
+    :ivar api: the adapter's name (``chat``, ``responses``).
+    :ivar usage: ``reported`` (the upstream said), ``estimated`` (it did not:
+        a cut stream), or ``none`` (the upstream was not called).
+    :ivar tool_calls: ``(tool, decision, reason)`` per proposed call.
+    :ivar answered: the exchanges the gate answered itself (a write committed
+        before or being written, DESIGN §5.1): ``{tool, call_id, decision}``.
+    :ivar turns: the upstream calls the request made (more than one when the
+        gate answered a write itself and asked again).
+    """
+
+    decision: TurnDecision
+    reason: str | None
+    task_id: str | None
+    api: str
+    stream: bool
+    execution: str | None = None
+    tokens: int = 0
+    usage: str = "none"
+    tool_calls: list[tuple[str, str, str | None]] = field(default_factory=list)
+    upstream_status: int | None = None
+    cost: float | None = None
+    cost_overshoot: float | None = None
+    answered: list[dict[str, str]] = field(default_factory=list)
+    turns: int = 0
+
+    def upstream_failed(self, reason: str) -> None:
+        """Record that the upstream failed, and how."""
+        self.decision, self.reason = TurnDecision.UPSTREAM_ERROR, reason
+
+
+@dataclass
+class GateAnswer:
+    """What the gate answers: a JSON body, or a stream of bytes in the API's framing."""
+
+    record: TurnRecord
+    body: Any = None
+    events: Iterator[bytes] | None = None
+
+
+@dataclass
+class Turn:
+    """One upstream call of the request being served.
+
+    :ivar body: what is asked of the upstream (with the gate's own exchanges).
+    :ivar received: the request as n8n sent it (the calls n8n sees are numbered on it).
+    """
+
+    adapter: WireAdapter
+    principal: Principal
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    record: TurnRecord
+    inbound: Inbound | None = None
+    received: dict[str, Any] = field(default_factory=dict)
+    ns: str | None = None
+    task_id: str | None = None
+    price: cost.Price | None = None
+    reserved: float = 0.0
+    counted: bool = False
+
+
+def make_upstream(
+    config: ModelGateConfig, session: requests.Session, environ: Mapping[str, str], api: Api
+) -> Upstream:
+    """The upstream of ``api`` (``model_gate.upstreams.<api>``); one with no URL when
+    the API has none (it raises :class:`~sidecar.errors.GateNotConfigured` when used)."""
+    entry = config.upstream(api.name)
+    key = None
+    if entry is not None and entry.api_key_env:
+        key = environ.get(entry.api_key_env) or None
+    setting = f"model_gate.upstreams.{api.name}.url"
+    if api.name == "openai":
+        setting = f"model_gate.upstream_url (or {setting})"
+    return Upstream(
+        session,
+        entry.url if entry else None,
+        key,
+        config.timeout_s,
+        config.max_answer_bytes,
+        api=api,
+        setting=setting,
+    )
+
+
+def find_task(
+    tasks: TaskService, allow_untracked: bool, turn: Turn, lines: TaskLines
+) -> Task | None:
+    """The task the lines name (created by key when new), or None when untracked.
+
+    :raises MalformedRequest: no task named and untracked requests are not allowed.
+    :raises NotFound: the ``loopstop-task`` line names no task.
+    """
+    if lines.task_id is not None:
+        ns = tasks.namespace_of(lines.task_id)
+        if ns is None:
+            raise NotFound(f"no task {lines.task_id!r}")
+        turn.ns, turn.task_id = ns, lines.task_id
+        return None  # read only when needed (tool outputs to record)
+    if lines.task_key is not None:
+        ns = "p"
+        task = _by_key(tasks, turn.principal, ns, lines)
+        turn.ns, turn.task_id = ns, task.task_id
+        return task
+    if not allow_untracked:
+        raise MalformedRequest(
+            "no 'loopstop-task: <task_id>' or 'loopstop-task-key: <key>' line in "
+            f"{turn.adapter.system_where}: add one to the AI Agent's System Message "
+            "(or set model_gate.allow_untracked)",
+            errors=[{"loc": ["body", "system", "loopstop-task"], "msg": "missing"}],
+        )
+    return None
+
+
+def _by_key(tasks: TaskService, principal: Principal, ns: str, lines: TaskLines) -> Task:
+    """Continue the task made under the key, or create it as ``POST /v1/tasks`` does.
+
+    A task found by key is continued in its current run: every model turn
+    of one agent run names the same key, and starting a new run on each
+    would forget its identical calls.
+    """
+    assert lines.task_key is not None
+    found = tasks.by_key(principal, ns, lines.workflow, lines.task_key)
+    if found is not None:
+        return found
+    task, _ = tasks.create(
+        principal,
+        ns,
+        CreateInput(
+            task_key=lines.task_key,
+            workflow=lines.workflow,
+            chain_id=None,
+            policy=lines.policy,
+            limits={},
+        ),
+    )
+    return task
