@@ -29,6 +29,7 @@ from pydantic import (
     BaseModel,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -168,6 +169,23 @@ class ToolConfig(_Section):
     committed_when: str | None = None
     reconcile: ToolReconcile | None = None
 
+    @field_validator("operation_id")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        if value is not None:
+            require_operation_id_template(parse_template(value))
+        return value
+
+    @field_validator("committed_when")
+    @classmethod
+    def _jmespath(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                jmespath.compile(value)
+            except JMESPathError as exc:
+                raise ValueError(f"not a JMESPath expression: {exc}") from None
+        return value
+
     @model_validator(mode="after")
     def _gate_write(self) -> ToolConfig:
         gate_only = ("lease_s", "committed_when", "reconcile")
@@ -175,18 +193,8 @@ class ToolConfig(_Section):
             given = [name for name in gate_only if getattr(self, name) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} need operation_id (a write at the gate)")
-            return self
-        if self.kind != "write":
+        elif self.kind != "write":
             raise ValueError("operation_id is for a tool of kind write")
-        try:
-            require_operation_id_template(parse_template(self.operation_id))
-        except ValueError as exc:
-            raise ValueError(f"operation_id: {exc}") from None
-        if self.committed_when is not None:
-            try:
-                jmespath.compile(self.committed_when)
-            except JMESPathError as exc:
-                raise ValueError(f"committed_when is not a JMESPath expression: {exc}") from None
         return self
 
 

@@ -759,9 +759,10 @@ def test_check_config_rejects_a_template_that_does_not_parse(make_app: AppFactor
     for bad in ("crm-lead:{email", "crm-lead:{[}", "crm lead:{email}", "crm-lead:{}"):
         with pytest.raises(ConfigError) as err:
             Settings.from_mapping({"tools": {"create_lead": {**WRITE, "operation_id": bad}}})
-        assert "operation_id" in str(err.value.problems)
-    with pytest.raises(ConfigError):
+        assert [p for p, _ in err.value.problems] == ["tools.create_lead.operation_id"]
+    with pytest.raises(ConfigError) as err:
         Settings.from_mapping({"tools": {"create_lead": {**WRITE, "committed_when": "[["}}})
+    assert [p for p, _ in err.value.problems] == ["tools.create_lead.committed_when"]
 
 
 class TwoCalls(JsonHandler):

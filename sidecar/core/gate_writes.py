@@ -230,6 +230,14 @@ class OutputReading:
     why: str | None = None
 
 
+def tool_item(value: Any) -> Any:
+    """n8n hands a tool's items over as a JSON list: a list of one item is read
+    as that item (DESIGN §5.1); any other value is returned as it is."""
+    if isinstance(value, list) and len(value) == 1:
+        return value[0]
+    return value
+
+
 def read_output(output: Any, committed_when: Any | None) -> OutputReading:
     """Read a write tool's output (DESIGN §5.1 settling rule).
 
@@ -244,8 +252,7 @@ def read_output(output: Any, committed_when: Any | None) -> OutputReading:
             return OutputReading(False, None, "the tool's output is not JSON")
     if isinstance(output, bytes | bytearray) or value is None:
         return OutputReading(False, None, "the tool's output is empty or not JSON")
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
+    value = tool_item(value)
     if value in ("", [], {}):
         return OutputReading(False, value, "the tool's output is empty")
     if committed_when is None and isinstance(value, dict) and "error" in value:

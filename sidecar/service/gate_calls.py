@@ -18,6 +18,7 @@ from typing import Any
 
 from sidecar.auth import Principal
 from sidecar.config import Settings
+from sidecar.core.gate_writes import tool_item
 from sidecar.core.tasks import (
     CallFlaw,
     CallKind,
@@ -60,9 +61,7 @@ def output_value(output: Any) -> Any:
             value = json.loads(output)
         except (ValueError, RecursionError):
             return output
-    if isinstance(value, list) and len(value) == 1:
-        return value[0]
-    return value
+    return tool_item(value)
 
 
 class GateCalls:
