@@ -11,8 +11,10 @@ import jmespath
 import pytest
 
 from sidecar.core.gate_writes import (
+    MAX_KEPT,
     KeptExchange,
     TemplateError,
+    kept_with,
     output_anchor,
     parse_input_templates,
     parse_template,
@@ -105,6 +107,16 @@ def test_what_an_output_proves(
 
 def _ex(call_id: str, anchor: str | None) -> KeptExchange:
     return KeptExchange(anchor, call_id, "t", {}, "out", "replay", "op", 0.0)
+
+
+def test_only_a_replay_is_kept_and_the_kept_are_bounded() -> None:
+    """A settled write stays true; "another execution is writing this" does not
+    (DESIGN §5.1, as built: an in_progress answer answers its own request only)."""
+    held = KeptExchange(None, "call_2_g1", "t", {}, "busy", "in_progress", "op2", 0.0)
+    kept = kept_with((), [_ex("call_1_g1", None), held])
+    assert [d["call_id"] for d in kept] == ["call_1_g1"]
+    many = kept_with(kept, [_ex(f"call_{n}_g2", None) for n in range(MAX_KEPT + 3)])
+    assert len(many) == MAX_KEPT and many[-1]["call_id"] == f"call_{MAX_KEPT + 2}_g2"
 
 
 def _items(e: KeptExchange) -> list[Any]:

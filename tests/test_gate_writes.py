@@ -621,6 +621,29 @@ def test_a_write_another_execution_holds_is_not_relayed(api: Api, llm: FakeLLM, 
     assert "Another execution is writing this" in outputs_sent(which, asked[1])[0]
 
 
+@pytest.mark.parametrize("which", ALL_APIS)
+def test_an_in_progress_answer_is_not_kept_after_the_other_execution_died(
+    api: Api, llm: FakeLLM, clock: Clock, which: str
+) -> None:
+    """ "Another execution is writing this" answers its own request only: kept, it
+    would be put back after that execution died, the model would never ask
+    again, the task would stay running and the write stay unknown unseen."""
+    assert Agent(api, which, "lead-16").ask().calls  # relayed; this execution dies
+    assert Agent(api, which, "lead-16").ask().calls == []  # in_progress, answered by the gate
+    _, task = api.post("/v1/tasks", {"task_key": "lead-16", "workflow": WORKFLOW})
+    _, got = api.get(f"/v1/tasks/{task['task']['task_id']}")
+    assert got["gate_exchanges"] == []
+    clock.advance(WRITE["lease_s"] + 1)
+    before = len(llm.requests)
+    third = Agent(api, which, "lead-16").ask()
+    assert third.calls == [] and "needs_reconciliation (unknown_commit)" in third.text
+    assert all(
+        "Another execution" not in out
+        for r in llm.requests[before:]
+        for out in outputs_sent(which, r)
+    )
+
+
 # -- the template -----------------------------------------------------------------------------
 
 

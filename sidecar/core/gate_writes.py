@@ -343,9 +343,17 @@ def kept_with(
     kept: Sequence[Mapping[str, Any]], new: Sequence[KeptExchange]
 ) -> tuple[Mapping[str, Any], ...]:
     """The kept exchanges with ``new`` appended (one per call id, the latest
-    kept), at most :data:`MAX_KEPT` (the oldest dropped)."""
-    ids = {e.call_id for e in new}
-    out = [d for d in kept if d.get("call_id") not in ids] + [e.to_doc() for e in new]
+    kept), at most :data:`MAX_KEPT` (the oldest dropped).
+
+    Only a ``replay`` is kept: a settled write stays true. An ``in_progress``
+    answer is true only while the other execution holds the lease; kept, it
+    would tell every later turn "another execution is writing this" after
+    that execution died, and the model would never propose the write again
+    for the ledger to find it ``unknown``. It answers its own request only.
+    """
+    lasting = [e for e in new if e.decision == "replay"]
+    ids = {e.call_id for e in lasting}
+    out = [d for d in kept if d.get("call_id") not in ids] + [e.to_doc() for e in lasting]
     return tuple(out[-MAX_KEPT:])
 
 

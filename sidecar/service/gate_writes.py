@@ -219,7 +219,8 @@ class GateWrites:
                 return Admitted(final=final_message(task))
         if kept:
             self.release(principal, ns, workflow, out.executed)
-            self.keep(principal, ns, task_id, kept)
+            if any(e.decision == "replay" for e in kept):  # what kept_with keeps
+                self.keep(principal, ns, task_id, kept)
             return Admitted(again=kept)
         return out
 
