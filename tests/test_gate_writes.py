@@ -8,6 +8,7 @@ mode and a real local receiver for the reconcile check."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -431,6 +432,24 @@ def test_a_write_delivered_again_is_answered_from_the_ledger(
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
+def test_the_decision_line_names_each_write_s_operation(
+    api: Api, llm: FakeLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relayed write and a replayed one: each decision line's call names its
+    operation id (the operator's way from a line to ``/v1/operations``)."""
+    with caplog.at_level(logging.INFO, logger="loopstop.decisions"):
+        first = Agent(api, "chat", "lead-17")
+        first.ran(first.ask().calls[0], LEAD_RECEIPT)
+        first.ask()  # the output settles the write
+        Agent(api, "chat", "lead-17").ask()
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "loopstop.decisions"]
+    calls = [c for line in lines for c in line.get("tool_calls") or []]
+    assert [(c["decision"], c.get("operation_id")) for c in calls] == [
+        ("execute", f"crm-lead:{LEAD}"),
+        ("replay", f"crm-lead:{LEAD}"),
+    ]
+
+
 @pytest.mark.parametrize("which", ALL_APIS)
 def test_kept_exchanges_are_put_back_into_every_later_request(
     api: Api, llm: FakeLLM, which: str
@@ -576,6 +595,10 @@ def test_an_unproven_output_the_check_proves_absent_lets_the_model_write_again(
     assert (op["state"], op["attempt"]) == ("in_progress", 2)
 
 
+def output_id(output: str) -> str:
+    return "text" if output == "Lead saved!" else "no-id"
+
+
 @pytest.mark.parametrize("output", ["Lead saved!", '[{"saved":true}]'], ids=["text", "no-id"])
 def test_an_unproven_output_without_a_reconcile_check_needs_reconciliation(
     api: Api, llm: FakeLLM, output: str
@@ -586,6 +609,9 @@ def test_an_unproven_output_without_a_reconcile_check_needs_reconciliation(
     assert said.calls == [] and "needs_reconciliation (unknown_commit)" in said.text
     task = task_of(api, "lead-8")
     assert task["envelope"]["uncertain_operations"] == [f"crm-lead:{LEAD}"]
+    _, got = api.get(f"/v1/operations/crm-lead:{LEAD}", workflow=WORKFLOW)
+    why = {"text": "the tool's output is not JSON", "no-id": "committed_when does not hold"}
+    assert why[output_id(output)] in got["operation"]["last_failure"]["detail"]
     # delivered again: nothing is relayed, the task stays ended
     before = len(llm.requests)
     assert Agent(api, "chat", "lead-8").ask().calls == []

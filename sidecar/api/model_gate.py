@@ -135,7 +135,10 @@ def _log(record: TurnRecord) -> None:
         cost_overshoot=record.cost_overshoot,
         execution_id=record.execution,
         upstream_status=record.upstream_status,
-        tool_calls=[{"tool": t, "decision": d, "reason": r} for t, d, r in record.tool_calls]
+        tool_calls=[
+            {"tool": t, "decision": d, "reason": r, **({"operation_id": o} if o else {})}
+            for t, d, r, o in record.tool_calls
+        ]
         or None,
         gate_answered=record.answered or None,
         upstream_turns=record.turns if record.turns > 1 else None,

@@ -44,12 +44,12 @@ class Admitted:
     :ivar denied: the final text to answer instead of the proposal (None: every
         call may reach n8n).
     :ivar reason: the first denial's reason.
-    :ivar calls: ``(tool, decision, reason)`` per call, for the decision log.
+    :ivar calls: ``(tool, decision, reason, None)`` per call, for the decision log.
     """
 
     denied: str | None = None
     reason: str | None = None
-    calls: list[tuple[str, str, str | None]] = field(default_factory=list)
+    calls: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
 
 
 def output_value(output: Any) -> Any:
@@ -140,7 +140,7 @@ class GateCalls:
         for call, flaw in zip(calls, flaws, strict=True):
             kind = self._kind(call.tool)
             if kind is CallKind.WRITE and flaw is None:
-                done.calls.append((call.tool, "left_to_flow", "write"))
+                done.calls.append((call.tool, "left_to_flow", "write", None))
                 continue
             if kind is CallKind.WRITE and flaw is CallFlaw.REPEAT:
                 return self._deny(done, call.tool, DenyReason.DUPLICATE_CALL)
@@ -154,7 +154,7 @@ class GateCalls:
             except StateConflict:  # an id still pending, proposed again with other arguments
                 return self._deny(done, call.tool, DenyReason.DUPLICATE_CALL)
             reason = None if out.reason is None else str(out.reason)
-            done.calls.append((call.tool, str(out.decision), reason))
+            done.calls.append((call.tool, str(out.decision), reason, None))
             if out.decision is ToolDecision.DENY:
                 done.reason = reason
                 done.denied = (
@@ -167,7 +167,7 @@ class GateCalls:
 
     @staticmethod
     def _deny(done: Admitted, tool: str, reason: DenyReason) -> Admitted:
-        done.calls.append((tool, str(ToolDecision.DENY), str(reason)))
+        done.calls.append((tool, str(ToolDecision.DENY), str(reason), None))
         done.reason, done.denied = str(reason), denied_text(tool, str(reason))
         return done
 

@@ -28,7 +28,8 @@ class TurnRecord:
     :ivar api: the adapter's name (``chat``, ``responses``).
     :ivar usage: ``reported`` (the upstream said), ``estimated`` (it did not:
         a cut stream), or ``none`` (the upstream was not called).
-    :ivar tool_calls: ``(tool, decision, reason)`` per proposed call.
+    :ivar tool_calls: ``(tool, decision, reason, operation_id)`` per proposed call
+        (``operation_id`` only for a write at the gate).
     :ivar answered: the exchanges the gate answered itself (a write committed
         before or being written, DESIGN §5.1): ``{tool, call_id, decision}``.
     :ivar turns: the upstream calls the request made (more than one when the
@@ -43,7 +44,7 @@ class TurnRecord:
     execution: str | None = None
     tokens: int = 0
     usage: str = "none"
-    tool_calls: list[tuple[str, str, str | None]] = field(default_factory=list)
+    tool_calls: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
     upstream_status: int | None = None
     cost: float | None = None
     cost_overshoot: float | None = None

@@ -149,13 +149,14 @@ class GateWrites:
         adapter: WireAdapter,
         body: Mapping[str, Any],
         proposals: list[Proposal],
-        note: Callable[[str, str, str | None], None],
+        note: Callable[[str, str, str | None, str | None], None],
         flaws: Sequence[core.CallFlaw | None] = (),
     ) -> Admitted:
         """Decide the write proposals of one answer (the others are left to the caller).
 
         :param body: the request the answer answers (the anchor of new exchanges).
-        :param note: called with ``(tool, decision, reason)`` per decided proposal.
+        :param note: called with ``(tool, decision, reason, operation_id)`` per decided
+            proposal (``operation_id`` None when the template named none).
         :param flaws: :func:`~sidecar.core.tasks.screen_proposal`'s, per proposal
             (none :attr:`~sidecar.core.tasks.CallFlaw.INVALID`): a repeated call id
             is one call, its copy denied ``duplicate_call`` (nothing relayed).
@@ -169,7 +170,7 @@ class GateWrites:
                 continue
             if at < len(flaws) and flaws[at] is core.CallFlaw.REPEAT:
                 dup = str(DenyReason.DUPLICATE_CALL)
-                note(call.tool, str(ToolDecision.DENY), dup)
+                note(call.tool, str(ToolDecision.DENY), dup, None)
                 self.release(principal, ns, workflow, out.executed)
                 return Admitted(final=denied_text(call.tool, dup))
             try:
@@ -180,7 +181,7 @@ class GateWrites:
                     else render_input(spec.reconcile_input, call.args)
                 )
             except TemplateError:
-                note(call.tool, "deny", str(EndReason.INVALID_CALL))
+                note(call.tool, "deny", str(EndReason.INVALID_CALL), None)
                 task = self.end(principal, ns, task_id, EndReason.INVALID_CALL)
                 self.release(principal, ns, task.workflow, out.executed)
                 return Admitted(final=final_message(task))
@@ -203,7 +204,7 @@ class GateWrites:
             )
             workflow = out.workflow = task.workflow
             reason = None if decided.reason is None else str(decided.reason)
-            note(call.tool, str(decided.decision), reason)
+            note(call.tool, str(decided.decision), reason, oid)
             op = decided.operation
             if decided.decision is ToolDecision.EXECUTE and op is not None:
                 out.executed.append((oid, op.attempt))
@@ -336,9 +337,9 @@ class GateWrites:
             else f"check {finding.check}: found={finding.found} absent={finding.absent}",
         )
         if finding is None:
-            return ToolResult(status=ResultStatus.UNKNOWN, result_fp=fp)
+            return ToolResult(status=ResultStatus.UNKNOWN, result_fp=fp, why=reading.why)
         status = ResultStatus.OK if finding.found or finding.absent else ResultStatus.UNKNOWN
-        return ToolResult(status=status, result_fp=fp, reconciled=finding)
+        return ToolResult(status=status, result_fp=fp, reconciled=finding, why=reading.why)
 
     def _ask(
         self, principal: Principal, ns: str, task: Task, operation_id: str | None

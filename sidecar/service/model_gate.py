@@ -164,7 +164,9 @@ class ModelGate:
             turn.adapter,
             body,
             calls,
-            lambda tool, decision, reason: turn.record.tool_calls.append((tool, decision, reason)),
+            lambda tool, decision, reason, oid: turn.record.tool_calls.append(
+                (tool, decision, reason, oid)
+            ),
             flaws,
         )
         if writes.final is not None:

@@ -108,6 +108,7 @@ def settle_write(
     check_failed: str | None,
     now: float,
     reconciled: CheckFinding | None = None,
+    why: str | None = None,
 ) -> WriteSettlement:
     """Bring the write's operation up to date from its result.
 
@@ -124,11 +125,13 @@ def settle_write(
     :param check_failed: the reason of the tool's check when it did not pass.
     :param reconciled: the output proved nothing and the tool's reconcile check
         ran (:func:`settle_by_check`): it decides instead.
+    :param why: why the result proved nothing, for the operation's
+        ``last_failure`` detail (default: the status's own words).
     """
     oid, attempt = op.operation_id, op.attempt
     effect = evidence.effect if evidence is not None else None
     if reconciled is not None:
-        return settle_by_check(op, reconciled, now)
+        return settle_by_check(op, reconciled, now, why)
 
     def fail(outcome: FailOutcome, detail: str, ends: EndReason | None) -> WriteSettlement:
         new, _ = ledger.fail(op, oid, attempt, outcome, detail, now)
@@ -151,7 +154,7 @@ def settle_write(
             new, _ = ledger.commit(op, oid, attempt, receipt, result, now)
             return WriteSettlement(new, None, ())
         if status is ResultStatus.UNKNOWN:
-            return fail(FailOutcome.UNKNOWN, "result unknown", EndReason.UNKNOWN_COMMIT)
+            return fail(FailOutcome.UNKNOWN, why or "result unknown", EndReason.UNKNOWN_COMMIT)
         if effect is Effect.NOT_COMMITTED:
             return fail(FailOutcome.NOT_COMMITTED, str(status), None)
         if status is ResultStatus.RETRYABLE:
@@ -163,7 +166,9 @@ def settle_write(
         return WriteSettlement(None, None, (oid,) if seen.state is OperationState.UNKNOWN else ())
 
 
-def settle_by_check(op: Operation, finding: CheckFinding, now: float) -> WriteSettlement:
+def settle_by_check(
+    op: Operation, finding: CheckFinding, now: float, why: str | None = None
+) -> WriteSettlement:
     """A write whose output did not prove it (DESIGN §5.1): its operation
     becomes ``unknown``, then the reconcile check's finding settles it as
     ``POST /v1/operations/{id}/reconcile`` would, with the check's evidence and
@@ -174,7 +179,12 @@ def settle_by_check(op: Operation, finding: CheckFinding, now: float) -> WriteSe
     oid = op.operation_id
     try:
         unknown, _ = ledger.fail(
-            op, oid, op.attempt, FailOutcome.UNKNOWN, "the output did not prove the write", now
+            op,
+            oid,
+            op.attempt,
+            FailOutcome.UNKNOWN,
+            why or "the output did not prove the write",
+            now,
         )
     except (StaleAttempt, StateConflict):  # settled meanwhile: the ledger keeps what it knows
         seen = ledger.observe(op, now)

@@ -89,6 +89,8 @@ class ToolResult:
     :ivar reconciled: a write whose output proved nothing, and what its
         reconcile check then found at the receiver (the model gate, DESIGN
         §5.1): the operation becomes ``unknown`` and is reconciled at once.
+    :ivar why: why a write's result proved nothing (the operation's
+        ``last_failure`` detail), when the caller knows better than its status.
     """
 
     status: ResultStatus
@@ -98,6 +100,7 @@ class ToolResult:
     evidence: Evidence | None = None
     check: CheckVerdict | None = None
     reconciled: CheckFinding | None = None
+    why: str | None = None
 
 
 def progress(task: Task, revision: int, result: Any) -> Task:
@@ -156,6 +159,7 @@ def record_result(
             check.reason if check_failed and check else None,
             now,
             res.reconciled,
+            res.why,
         )
         new_op, write_ends, uncertain = settled.operation, settled.ends, settled.uncertain
 
