@@ -229,6 +229,39 @@ def _sse(data: dict[str, Any]) -> Frame:
     return Frame(json.dumps(data), data.get("type"))
 
 
+def test_a_chat_follow_on_stream_continues_the_completion() -> None:
+    """The second stream of one request: its chunks carry the first completion's
+    id, and no second ``role`` (a client joins the deltas of one completion)."""
+    first = OPENAI_CHAT.stream_reader({})
+    first.feed(_sse({"id": "c-1", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+    nxt = first.follow_on({})
+    (event,) = nxt.feed(
+        _sse(
+            {"id": "c-2", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "F"}}]}
+        )
+    )
+    sent = json.loads(event.raw.decode().split("data: ", 1)[1])
+    assert sent["id"] == "c-1" and sent["choices"][0]["delta"] == {"content": "F"}
+    # the role came with the proposal, which was held (never sent): the follow-on keeps it
+    held = OPENAI_CHAT.stream_reader({})
+    call = {"index": 0, "id": "call_1", "function": {"name": "t", "arguments": "{}"}}
+    held.feed(
+        _sse(
+            {
+                "id": "c-1",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}}],
+            }
+        )
+    )
+    (event,) = held.follow_on({}).feed(
+        _sse(
+            {"id": "c-2", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "F"}}]}
+        )
+    )
+    sent = json.loads(event.raw.decode().split("data: ", 1)[1])
+    assert sent["id"] == "c-1" and sent["choices"][0]["delta"]["role"] == "assistant"
+
+
 def test_a_responses_follow_on_stream_continues_the_answer() -> None:
     """The second stream of one request: no second response.created, its output
     indexes after the items already passed, its sequence numbers after the last."""

@@ -425,6 +425,10 @@ def test_a_write_delivered_again_is_answered_from_the_ledger(
     if stream and which == "anthropic":  # one Message (read_stream checks its blocks)
         indexes = [e["index"] for e in answer.events if e["type"] == "content_block_start"]
         assert indexes == list(range(len(indexes)))
+    if stream and FORMAT[which] == "chat":  # one completion: one id, one role
+        assert len({e["id"] for e in answer.events}) == 1, answer.events
+        roles = [c["delta"].get("role") for e in answer.events for c in e["choices"]]
+        assert roles.count("assistant") == 1
     if stream and which == "responses":
         kinds = [e["type"] for e in answer.events]
         assert kinds.count("response.created") == 1

@@ -79,17 +79,46 @@ def _asked_usage(body: Mapping[str, Any]) -> bool:
     return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
+def _continuing(chunk: dict[str, Any], completion_id: Any, role_sent: bool) -> dict[str, Any]:
+    """A follow-on stream's chunk as part of the completion ``completion_id``:
+    that id, and no ``role`` in its deltas once the agent has been sent one."""
+    out = {**chunk, "id": completion_id}
+    choices = chunk.get("choices")
+    if role_sent and isinstance(choices, list):
+        out["choices"] = [
+            {**c, "delta": {k: v for k, v in c["delta"].items() if k != "role"}}
+            if isinstance(c, dict) and isinstance(c.get("delta"), dict)
+            else c
+            for c in choices
+        ]
+    return out
+
+
 class ChatStream:
     """Reads a chat completion stream: content chunks pass, chunks carrying
     ``tool_calls`` (or ``finish_reason: tool_calls``) are held, the fragments
     of each call (by ``index``) are joined into its proposal, and the usage
-    chunk is kept for the end (shown only when the agent asked for it)."""
+    chunk is kept for the end (shown only when the agent asked for it).
 
-    def __init__(self, body: Mapping[str, Any]) -> None:
+    A follow-on stream (:meth:`follow_on`) continues the completion the agent
+    is reading: its chunks take the first stream's ``id``, and lose their
+    ``role`` once a chunk passed to the agent carried one.
+    """
+
+    def __init__(
+        self,
+        body: Mapping[str, Any],
+        first: Mapping[str, Any] | None = None,
+        role_sent: bool = False,
+    ) -> None:
         self.asked = _asked_usage(body)
         self.parts: dict[int, dict[str, Any]] = {}
         self.usage: Any = None
-        self.base: dict[str, Any] = {}
+        self.base: dict[str, Any] = dict(first or {})
+        #: the id of the completion the agent is reading (a follow-on's chunks take it)
+        self.continues: Any = None if first is None else first.get("id")
+        #: a chunk that passed (not held) carried the ``role``
+        self.role_sent = role_sent
         self.finished = False
 
     def feed(self, frame: Frame) -> list[StreamEvent]:
@@ -100,9 +129,12 @@ class ChatStream:
         if chunk.get("error") is not None:  # ``"error": null`` is no error
             return [ErrorEvent(sse_frame(frame))]
         self.base = self.base or chunk
+        raw = sse_frame(frame)
+        if self.continues is not None:
+            chunk = _continuing(chunk, self.continues, self.role_sent)
+            raw = sse(chunk)
         choices = chunk.get("choices")
         choices = choices if isinstance(choices, list) else []
-        raw = sse_frame(frame)
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
             if not choices:
@@ -126,7 +158,13 @@ class ChatStream:
                     self._add(call)
             if isinstance(delta.get("content"), str):
                 chars += len(delta["content"])
-        return [Held(raw, chars) if proposing else Passed(raw, chars)]
+        if proposing:
+            return [Held(raw, chars)]
+        self.role_sent = self.role_sent or any(
+            isinstance(c, dict) and isinstance(c.get("delta"), dict) and "role" in c["delta"]
+            for c in choices
+        )
+        return [Passed(raw, chars)]
 
     def _add(self, call: Mapping[str, Any]) -> None:
         index = call.get("index")
@@ -164,7 +202,7 @@ class ChatStream:
         """See :meth:`sidecar.gate.wire.base.StreamReader.follow_on`: chunks of the
         next completion continue the same stream as they come (a client joins
         deltas; only this stream's ``[DONE]`` ends it)."""
-        return ChatStream(body)
+        return ChatStream(body, self.base, self.role_sent)
 
 
 class OpenAIChat(OpenAIBase):
