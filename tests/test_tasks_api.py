@@ -496,16 +496,20 @@ def test_a_caller_given_call_id_is_admitted_once(api: Api) -> None:
     assert out["decision"] == "recorded"
     third = a.call("create_note", {"n": 1}, kind="write", **call)
     assert (third["decision"], third["receipt"]) == ("replay", {"id": "n1"})
-    status, clash = api.post(
-        a.base + "/tool-calls",
-        {"tool": "create_note", "kind": "write", "args": {"n": 2}, **call},
-    )
-    assert status == 409, clash
     status, bad = api.post(
         a.base + "/tool-calls", {"tool": "x", "kind": "read", "call_id": "has space"}
     )
     assert status == 422 and bad["errors"][0]["loc"] == ["body", "call_id"]
     assert api.get(a.base)[1]["task"]["used"]["tool_calls"] == 1
+    # the write has its result: another call under its id is a new call (a server
+    # that numbers its calls afresh); the same operation with other arguments is
+    # then the ledger's conflict, never a second write
+    status, clash = api.post(
+        a.base + "/tool-calls",
+        {"tool": "create_note", "kind": "write", "args": {"n": 2}, **call},
+    )
+    assert status == 200, clash
+    assert (clash["decision"], clash["envelope"]["reason"]) == ("deny", "operation_conflict")
 
 
 def test_a_caller_given_read_id_counts_once_until_its_result(api: Api) -> None:

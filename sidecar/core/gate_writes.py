@@ -299,7 +299,8 @@ class KeptExchange:
     :ivar call_id: the gate's own id for the call (:func:`own_call_id` of the
         proposal's); ``tool`` and ``args`` as the upstream proposed them;
         ``output`` the gate's own tool output text.
-    :ivar decision: ``replay`` (committed before) or ``in_progress``.
+    :ivar decision: ``replay`` (committed before), ``in_progress`` or ``copy`` (one
+        write proposed twice in one answer); only a ``replay`` is kept.
     """
 
     anchor: str | None

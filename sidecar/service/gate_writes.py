@@ -50,7 +50,7 @@ from sidecar.core.gate_writes import (
     render_input,
     render_operation_id,
 )
-from sidecar.core.operations import CheckFinding, FailOutcome
+from sidecar.core.operations import CheckFinding
 from sidecar.core.tasks import (
     CallKind,
     CallStatus,
@@ -71,6 +71,11 @@ from sidecar.service.task_inputs import CallInput
 from sidecar.service.tasks import TaskService
 
 log = logging.getLogger("loopstop")
+
+#: The tool output the gate writes for each copy of one write proposed twice in one answer.
+COPY_OUTPUT = (
+    "[loopstop] Not run: this write was proposed more than once in one answer. Propose it once."
+)
 
 #: The tool output the gate writes for a write another execution holds.
 IN_PROGRESS_OUTPUT = (
@@ -162,7 +167,32 @@ class GateWrites:
             is one call, its copy denied ``duplicate_call`` (nothing relayed).
         """
         out = Admitted()
+        try:
+            return self._admit(principal, ns, task_id, adapter, body, proposals, note, flaws, out)
+        except BaseException:
+            # a store failure, a refused begin (too many open, a conflict) while
+            # deciding a later proposal: nothing of the answer is relayed, so the
+            # writes it began are given back (best effort: the store may be down)
+            try:
+                self.release(principal, ns, out.workflow, out.executed)
+            except Exception:
+                log.warning("task %s: writes begun in a failed answer not released", task_id)
+            raise
+
+    def _admit(
+        self,
+        principal: Principal,
+        ns: str,
+        task_id: str,
+        adapter: WireAdapter,
+        body: Mapping[str, Any],
+        proposals: list[Proposal],
+        note: Callable[[str, str, str | None, str | None], None],
+        flaws: Sequence[core.CallFlaw | None],
+        out: Admitted,
+    ) -> Admitted:
         kept: list[KeptExchange] = []
+        begun: dict[str, Proposal] = {}  # operation id -> the proposal that began it
         workflow: str | None = None
         for at, call in enumerate(proposals):
             spec = self.tools.get(call.tool)
@@ -185,6 +215,16 @@ class GateWrites:
                 task = self.end(principal, ns, task_id, EndReason.INVALID_CALL)
                 self.release(principal, ns, task.workflow, out.executed)
                 return Admitted(final=final_message(task))
+            if oid in begun:
+                # One answer asks for one operation twice (parallel tool calls): n8n
+                # would run both. Neither runs; the model is told, and asked again.
+                note(call.tool, str(ToolDecision.DENY), str(DenyReason.DUPLICATE_CALL), oid)
+                self.release(principal, ns, workflow, out.executed)
+                copies = [begun[oid], call]
+                return Admitted(
+                    again=[self._kept(body, adapter, c, COPY_OUTPUT, "copy", oid) for c in copies]
+                )
+            begun[oid] = call
             task, decided = self.tasks.tool_call(
                 principal,
                 ns,
@@ -285,18 +325,12 @@ class GateWrites:
         executed: list[tuple[str, int]],
     ) -> None:
         """Writes admitted but never relayed (the answer was not relayed): their
-        operations are ``not_committed`` (n8n never ran them), so a later
-        proposal may write."""
+        attempts are given back (``not_committed``, n8n never ran them), so a
+        later proposal may write without spending an attempt."""
         for oid, attempt in executed:
             try:
-                self.tasks.operations.fail(
-                    principal,
-                    ns,
-                    oid,
-                    attempt,
-                    FailOutcome.NOT_COMMITTED,
-                    "not relayed: the gate answered instead",
-                    workflow,
+                self.tasks.operations.release(
+                    principal, ns, oid, attempt, "not relayed: the gate answered instead", workflow
                 )
             except (NotFound, StaleAttempt, StateConflict):
                 continue  # settled meanwhile: the ledger keeps what it knows

@@ -371,6 +371,29 @@ class OperationService:
             lambda op, now: core.fail(op, operation_id, attempt, outcome, detail, now),
         )
 
+    def release(
+        self,
+        principal: Principal,
+        ns: str,
+        operation_id: str,
+        attempt: int,
+        detail: str,
+        workflow: str | None = None,
+    ) -> Operation:
+        """Give back ``attempt``, which nobody was handed (the model gate began a
+        write it then did not relay).
+
+        :raises NotFound, StaleAttempt, StateConflict, Forbidden, StoreUnavailable:
+            see :func:`sidecar.core.operations.release`.
+        """
+        return self._settle(
+            principal,
+            ns,
+            operation_id,
+            workflow,
+            lambda op, now: core.release(op, operation_id, attempt, detail, now),
+        )
+
     def reconcile(
         self,
         principal: Principal,

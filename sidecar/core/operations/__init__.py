@@ -19,6 +19,7 @@ States::
 
     (none) --begin--> in_progress --commit--> committed
     in_progress --fail not_committed--> not_committed --begin--> in_progress (attempt + 1)
+    in_progress --release (an attempt never handed out)--> not_committed (attempt - 1)
     in_progress --fail unknown, or lease expiry (seen by begin or a read)--> unknown
     unknown --reconcile committed--> committed
     unknown --reconcile not_committed--> not_committed
@@ -34,7 +35,7 @@ Where each part lives:
 - :mod:`~sidecar.core.operations.records`: states, decisions, reasons, the
   record, a begin request, the policy (and :func:`stopped_by`);
 - :mod:`~sidecar.core.operations.ledger`: :func:`begin`, :func:`commit`,
-  :func:`fail`, :func:`reconcile`, :func:`observe`, :func:`check_open_room`,
+  :func:`fail`, :func:`release`, :func:`reconcile`, :func:`observe`, :func:`check_open_room`,
   :func:`retention_s`;
 - :mod:`~sidecar.core.operations.reconcile_checks`: :func:`reconcile_check_of`,
   :func:`asks_system_of_record`, :class:`CheckFinding`, :func:`begin_after_check`.
@@ -49,6 +50,7 @@ from sidecar.core.operations.ledger import (
     fail,
     observe,
     reconcile,
+    release,
     retention_s,
     same_payload,
 )
@@ -97,6 +99,7 @@ __all__ = [
     "observe",
     "reconcile",
     "reconcile_check_of",
+    "release",
     "retention_s",
     "same_payload",
     "stopped_by",

@@ -260,6 +260,40 @@ def fail(
     return new, new
 
 
+def release(
+    op: Operation | None, operation_id: str, attempt: int, detail: str, now: float
+) -> tuple[Operation, Operation]:
+    """Give back an attempt that nobody was handed: the model gate began a write,
+    then did not relay the answer that proposed it (DESIGN §5.1), so no
+    writer holds ``attempt`` and nothing can have been written under it. The
+    operation is ``not_committed`` at the attempt before (0 for a first
+    begin): the next begin executes without spending an attempt, as if the
+    released one had never begun.
+
+    :raises NotFound: no such operation.
+    :raises StaleAttempt: ``attempt`` is not the current attempt.
+    :raises StateConflict: the operation is not ``in_progress`` under a live
+        lease (settled, or its lease ran out: then it is unknown).
+    """
+    op = _require(op, operation_id)
+    _fence(op, attempt)
+    if observe(op, now).state is not OperationState.IN_PROGRESS:
+        raise StateConflict(
+            f"operation {operation_id!r} is {observe(op, now).state}; only a write "
+            "being written may be released",
+            operation=op,
+        )
+    new = replace(
+        op,
+        state=OperationState.NOT_COMMITTED,
+        attempt=attempt - 1,
+        updated_at=now,
+        lease_expires_at=None,
+        last_failure={"attempt": attempt, "outcome": "released", "detail": detail, "at": now},
+    )
+    return new, new
+
+
 def reconcile(
     op: Operation | None,
     operation_id: str,

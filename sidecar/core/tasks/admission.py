@@ -272,9 +272,11 @@ def _rule_known_call_id(ask: _Ask) -> _Answer | None:
 
     - a read whose call already has its result is a new call, whatever its
       arguments (a server that numbers its calls afresh each turn): admitted
-      and counted by the rules after this one;
+      and counted by the rules after this one; so is another call (another
+      tool, kind, arguments or operation id) under a write's id whose result
+      is in;
     - another tool, kind, arguments or operation id under an id still
-      pending (or a write's) is a conflict;
+      pending is a conflict;
     - a write goes through the ledger all the same: another worker writing it is
       a deny, an unknown outcome ends the task, a committed one replays;
     - a read still waiting for its result answers ``execute`` again;
@@ -299,7 +301,7 @@ def _rule_known_call_id(ask: _Ask) -> _Answer | None:
         ask.call.args_fp[:PRINT_DIGITS],
         operation_id,
     ):
-        if known.replayed:
+        if known.replayed or known.status is not CallStatus.PENDING:
             return None
         raise StateConflict(
             f"call {ask.call.call_id!r} was admitted for another tool, other arguments "
