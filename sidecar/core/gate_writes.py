@@ -9,7 +9,11 @@ the exchanges the gate answered itself go back into a later request.
   :class:`TemplateError` (the task ends ``blocked``, ``invalid_call``); a
   value holding characters outside the operation id pattern, or longer than
   :data:`MAX_VALUE_CHARS`, is replaced by ``h`` and the first 20 hex digits
-  of its SHA-256 (stable: the same value names the same operation).
+  of its SHA-256 (stable: the same value names the same operation). So is a
+  value that could pass for another (:func:`needs_hash`): one shaped like a
+  hashed value, or one holding a character of the text between two parts
+  (``{first}:{last}`` with ``a:b`` and ``c`` against ``a`` and ``b:c``); two
+  parts with no text between them are refused (:func:`require_operation_id_template`).
 - **Settling**: a tool output is parsed as JSON (n8n hands a tool's items
   over as a JSON list: a list of one item is read as that item); it is
   committed, with the parsed output as receipt, when it parses and
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +47,8 @@ from sidecar.canonical import canonical_json
 #: What an operation id may hold (DESIGN §1), the whole string.
 OPERATION_ID = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
 _ALLOWED = re.compile(r"[A-Za-z0-9._:@-]+")
+#: What a hashed value looks like (a value of that shape is hashed too).
+_HASHED = re.compile(r"h[0-9a-f]{20}")
 _PART = re.compile(r"\{([^{}]*)\}")
 #: A value longer than this is hashed too (several parts must fit in 200 characters).
 MAX_VALUE_CHARS = 64
@@ -49,6 +56,13 @@ MAX_VALUE_CHARS = 64
 HASH_DIGITS = 20
 #: How many gate-answered exchanges a task keeps (the oldest go first).
 MAX_KEPT = 16
+#: The most characters of a call's arguments (compact JSON) an exchange kept on
+#: the task may hold: a longer one is not kept (the ledger still replays it).
+MAX_KEPT_ARGS_CHARS = 4000
+#: How many times one request may ask the upstream (the first time included):
+#: the gate answers writes itself and asks again at most this often, then it
+#: answers the agent itself (a model that keeps proposing what is done).
+MAX_ASKS_PER_REQUEST = 8
 #: The most characters of a tool output the gate writes into the conversation.
 MAX_OUTPUT_CHARS = 4000
 
@@ -105,6 +119,11 @@ def require_operation_id_template(template: Template) -> None:
     literal = "".join(template.texts)
     if not template.parts and not literal:
         raise ValueError("an operation id template must not be empty")
+    if any(not between for between in template.texts[1:-1]):
+        raise ValueError(
+            "two {...} parts need text between them ({a}:{b}, not {a}{b}): "
+            "otherwise two different calls can name one operation"
+        )
     if literal and not _ALLOWED.fullmatch(literal):
         raise ValueError(
             "the text outside {...} may hold only letters, digits and . _ : @ - "
@@ -140,6 +159,20 @@ def hashed(text: str) -> str:
     return "h" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_DIGITS]
 
 
+def needs_hash(value: str, separators: str) -> bool:
+    """Whether a part's value is written as its hash (:func:`hashed`) rather than
+    as itself: it is too long, holds a character an operation id cannot, has
+    the shape of a hashed value, or holds a character of ``separators`` (the
+    template's text between parts), each of which could make two different
+    calls name one operation."""
+    return (
+        len(value) > MAX_VALUE_CHARS
+        or not _ALLOWED.fullmatch(value)
+        or _HASHED.fullmatch(value) is not None
+        or any(c in separators for c in value)
+    )
+
+
 def render_operation_id(template: Template, args: Any) -> str:
     """The operation id a call names.
 
@@ -147,13 +180,14 @@ def render_operation_id(template: Template, args: Any) -> str:
         than 200 characters.
     """
     out = [template.texts[0]]
+    separators = "".join(template.texts[1:-1])
     for part, expr, text in zip(template.parts, template.exprs, template.texts[1:], strict=True):
         value = _value_text(_search(part, expr, args))
         if value is None:
             raise TemplateError(
                 f"{{{expr}}} yields no value (missing, null, empty or not a scalar)"
             )
-        if len(value) > MAX_VALUE_CHARS or not _ALLOWED.fullmatch(value):
+        if needs_hash(value, separators):
             value = hashed(value)
         out.append(value)
         out.append(text)
@@ -247,7 +281,7 @@ def read_output(output: Any, committed_when: Any | None) -> OutputReading:
     value: Any = output
     if isinstance(output, str):
         try:
-            value = json.loads(output, parse_constant=_refuse)
+            value = json.loads(output, parse_constant=_refuse, parse_float=_finite)
         except (ValueError, RecursionError):
             return OutputReading(False, None, "the tool's output is not JSON")
     if isinstance(output, bytes | bytearray) or value is None:
@@ -255,7 +289,7 @@ def read_output(output: Any, committed_when: Any | None) -> OutputReading:
     value = tool_item(value)
     if value in ("", [], {}):
         return OutputReading(False, value, "the tool's output is empty")
-    if committed_when is None and isinstance(value, dict) and "error" in value:
+    if committed_when is None and _error_items(value):
         # n8n's own error item (a tool node that failed: ``{"error": ...}``, with
         # ``errorType`` when the agent caught the throw) is never a receipt.
         return OutputReading(False, value, "the tool's output is an error item")
@@ -269,8 +303,23 @@ def read_output(output: Any, committed_when: Any | None) -> OutputReading:
     return OutputReading(True, value)
 
 
+def _error_items(value: Any) -> bool:
+    """An error item (an object with an ``error`` member), or a list of nothing else."""
+    if isinstance(value, dict):
+        return "error" in value
+    return isinstance(value, list) and all(isinstance(i, dict) and "error" in i for i in value)
+
+
 def _refuse(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number that fits a double (``1e400`` does not: it would be stored as null)."""
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"{text} does not fit a double")
+    return number
 
 
 def receipt_text(receipt: Any) -> str:
@@ -351,11 +400,20 @@ def kept_with(
     would tell every later turn "another execution is writing this" after
     that execution died, and the model would never propose the write again
     for the ledger to find it ``unknown``. It answers its own request only.
+    One exchange is kept per operation (the latest), and none whose
+    arguments pass :data:`MAX_KEPT_ARGS_CHARS`: what every later request
+    carries stays bounded.
     """
-    lasting = [e for e in new if e.decision == "replay"]
-    ids = {e.call_id for e in lasting}
-    out = [d for d in kept if d.get("call_id") not in ids] + [e.to_doc() for e in lasting]
+    lasting = [
+        e for e in new if e.decision == "replay" and len(_compact(e.args)) <= MAX_KEPT_ARGS_CHARS
+    ]
+    ops = {e.operation_id for e in lasting}
+    out = [d for d in kept if d.get("operation_id") not in ops] + [e.to_doc() for e in lasting]
     return tuple(out[-MAX_KEPT:])
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def splice(

@@ -65,6 +65,13 @@ DUPLICATE_MESSAGE = (
 )
 
 
+ASKED_ENOUGH_MESSAGE = (
+    "[loopstop] The writes you keep proposing are already done or being written "
+    "(the gate answered them for you several times in this turn): do not propose them "
+    "again; give your final answer with what you have."
+)
+
+
 def message(reason: EndReason | DenyReason | str | None) -> str | None:
     """The sentence for the model about ``reason`` (None when there is none)."""
     if reason is None:

@@ -48,6 +48,7 @@ import requests
 from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig, Settings
 from sidecar.core import cost
+from sidecar.core.gate_writes import MAX_ASKS_PER_REQUEST
 from sidecar.core.tasks import CallFlaw, TurnDecision, TurnReason, screen_proposal
 from sidecar.errors import (
     StoreUnavailable,
@@ -76,7 +77,7 @@ from sidecar.service.gate_calls import GateCalls
 from sidecar.service.gate_money import GateMoney
 from sidecar.service.gate_turns import GateAnswer, Turn, TurnRecord, find_task, make_upstream
 from sidecar.service.gate_writes import GateWrites
-from sidecar.service.messages import WRAP_UP_MESSAGE, final_message
+from sidecar.service.messages import ASKED_ENOUGH_MESSAGE, WRAP_UP_MESSAGE, final_message
 from sidecar.service.tasks import TaskService
 
 log = logging.getLogger(__name__)
@@ -279,6 +280,8 @@ class ModelGate:
         the next turn and what to forward, or None and the final text when the
         task's budgets refuse it."""
         assert turn.ns is not None and turn.task_id is not None
+        if turn.record.turns >= MAX_ASKS_PER_REQUEST:
+            return None, ASKED_ENOUGH_MESSAGE, body
         nxt = Turn(
             turn.adapter,
             turn.principal,

@@ -172,7 +172,8 @@ def settle_by_check(
     """A write whose output did not prove it (DESIGN §5.1): its operation
     becomes ``unknown``, then the reconcile check's finding settles it as
     ``POST /v1/operations/{id}/reconcile`` would, with the check's evidence and
-    ``check:<name>`` as the actor: found -> ``committed`` (the task goes on);
+    ``check:<name>`` as the actor: found -> ``committed`` (the task goes on;
+    the receipt ``{"check": <name>, "found": true}``, which the model sees);
     proven absent -> ``not_committed`` (a later proposal may write again);
     undecided -> stays ``unknown``, the task ends ``unknown_commit``.
     """
@@ -192,7 +193,9 @@ def settle_by_check(
     current = unknown or op
     actor = f"check:{finding.check}"
     if finding.found:
-        receipt = {"check": finding.check, "evidence": finding.evidence}
+        # what the model is shown later: the check's name, never its URL (the
+        # system of record's address stays in the reconcile's evidence)
+        receipt = {"check": finding.check, "found": True}
         outcome = ReconcileOutcome.COMMITTED
     elif finding.absent:
         receipt, outcome = None, ReconcileOutcome.NOT_COMMITTED

@@ -56,6 +56,21 @@ def text_of(content: Any) -> str:
     return ""
 
 
+def parts_text(content: Any) -> Any:
+    """A content that is a non-empty list of text parts (``{"type": "text",
+    "text": ...}``), as its text; any other content as it is."""
+    if (
+        isinstance(content, list)
+        and content
+        and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        )
+    ):
+        return "".join(p["text"] for p in content)
+    return content
+
+
 def is_system(item: Any) -> bool:
     """A ``system`` or ``developer`` message (a chat message or a Responses input item)."""
     return (

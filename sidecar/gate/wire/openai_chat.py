@@ -235,9 +235,10 @@ class OpenAIChat(OpenAIBase):
         return []
 
     def tool_outputs(self, body: Mapping[str, Any]) -> list[ToolOutput]:
-        """The ``role: "tool"`` messages (``tool_call_id``, ``content``)."""
+        """The ``role: "tool"`` messages (``tool_call_id``, ``content``: a list of
+        text parts is read as its text, as the model reads it)."""
         return [
-            ToolOutput(m["tool_call_id"], m.get("content"))
+            ToolOutput(m["tool_call_id"], _openai.parts_text(m.get("content")))
             for m in body.get("messages") or []
             if m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str)
         ]
