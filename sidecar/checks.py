@@ -21,7 +21,7 @@ Kinds:
 - ``json_schema``: the input (or a JMESPath into it) validates against a
   JSON Schema (draft 2020-12).
 - ``cursor``: pagination lineage per task; pure store logic, see
-  :func:`sidecar.core.checks.cursor_step`.
+  :func:`sidecar.core.check_verdicts.cursor_step`.
 - ``operations``: every listed operation id is ``committed``.
 - ``all`` / ``any``: combinations.
 
@@ -56,7 +56,7 @@ from sidecar.config_sections import (
     JsonSchemaCheck,
     OperationsCheck,
 )
-from sidecar.core.checks import (
+from sidecar.core.check_verdicts import (
     CANNOT_RUN,
     CheckReason,
     CheckResult,

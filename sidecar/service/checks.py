@@ -12,7 +12,7 @@ from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
 from sidecar.checks import Checks, StorePart
 from sidecar.config_sections import CursorCheck, OperationsCheck
-from sidecar.core.checks import CheckReason, CheckResult, cursor_step
+from sidecar.core.check_verdicts import CheckReason, CheckResult, cursor_step
 from sidecar.core.lineage import Lineage
 from sidecar.core.operations import OperationState, observe
 from sidecar.core.tasks import CheckVerdict, Task

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
-from sidecar.checks import CheckResult
 from sidecar.config import Settings
 from sidecar.core import tasks as core
+from sidecar.core.check_verdicts import CheckResult
 from sidecar.core.operations import BeginRequest, OperationPolicy
 from sidecar.core.tasks import (
     CallKind,
