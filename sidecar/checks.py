@@ -28,7 +28,7 @@ Kinds:
 Scope: a check names the workflows that may run it (``workflows: [...]``,
 ``["*"]`` for all); a check that names none is open only to tokens holding
 every workflow. A scoped token outside the list is refused before anything
-is fetched (:meth:`Checks.open_to`). At most ``http.checks_concurrency``
+is fetched (:func:`sidecar.core.check_scope.open_to`). At most ``http.checks_concurrency``
 outside calls run at once per worker; one more waits ``http.checks_wait_s``
 and then fails closed (503, :class:`~sidecar.errors.ChecksBusy`).
 """
@@ -56,6 +56,7 @@ from sidecar.config_sections import (
     JsonSchemaCheck,
     OperationsCheck,
 )
+from sidecar.core.check_scope import CheckScope, open_to
 from sidecar.core.check_verdicts import (
     CANNOT_RUN,
     CheckReason,
@@ -278,6 +279,12 @@ class Checks:
         self.concurrency = concurrency
         self.wait_s = wait_s
         self._slots = threading.BoundedSemaphore(concurrency)
+        self.scopes = {
+            n: CheckScope(
+                frozenset(c.workflows or ()), tuple(c.of) if isinstance(c, CombinedCheck) else ()
+            )
+            for n, c in self.configs.items()
+        }
 
     def shapes(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """name -> ``(kind, parts)`` of every check (what the ledger's rules read)."""
@@ -286,32 +293,10 @@ class Checks:
             for n, c in self.configs.items()
         }
 
-    def open_to(
-        self,
-        name: str,
-        scope: frozenset[str] | None,
-        workflow: str | None = None,
-        _depth: int = 0,
-    ) -> bool:
-        """True when a token of ``scope`` (None: every workflow) may run ``name``
-        and every part of it.
-
-        :param workflow: the workflow the run acts for (a task's, a begin's);
-            None: any workflow of the scope.
-        """
-        if scope is None:
-            return True
-        cfg = self.configs.get(name)
-        if cfg is None or _depth > 32:
-            return False
-        allowed = cfg.workflows or []
-        if "*" not in allowed:
-            wanted = {workflow} if workflow is not None else set(scope)
-            if not wanted & set(allowed):
-                return False
-        if isinstance(cfg, CombinedCheck):
-            return all(self.open_to(p, scope, workflow, _depth + 1) for p in cfg.of)
-        return True
+    def open_to(self, name: str, scope: frozenset[str] | None, workflow: str | None = None) -> bool:
+        """True when a token of ``scope`` may run ``name``
+        (:func:`sidecar.core.check_scope.open_to`)."""
+        return open_to(name, self.scopes, scope, workflow)
 
     def _ask(self, cfg: HttpCheck, data: Any) -> CheckResult:
         """One outside call, within the concurrency bound.
