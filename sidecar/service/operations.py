@@ -26,7 +26,6 @@ from typing import Any
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
-from sidecar.checks import Checks
 from sidecar.core import operations as core
 from sidecar.core.operations import (
     BeginDecision,
@@ -41,6 +40,7 @@ from sidecar.core.operations import (
     ReconcileOutcome,
 )
 from sidecar.errors import Forbidden, ValidationFailed
+from sidecar.outbound.check_runner import CheckRunner
 from sidecar.service import keys, mappers, records
 from sidecar.service.mappers import Operations, covering_stop
 from sidecar.service.records import Txn
@@ -96,7 +96,7 @@ class OperationService:
         policy: OperationPolicy,
         default_lease_s: float,
         clock: Callable[[], float],
-        checks: Checks | None = None,
+        checks: CheckRunner | None = None,
     ) -> None:
         self.checks = checks
         self.store = store
