@@ -109,16 +109,17 @@ def create_app(
         wait_s=settings.http.checks_wait_s,
     )
     ledger_policy = settings.operations.to_core()
+    # One check service runs every check: the routes', the tasks' and the ledger's.
+    check_service = CheckService(
+        store, fingerprinter, check_runner, settings.tasks.retention_s, clock, ledger_policy
+    )
     ops = OperationService(
         store,
         fingerprinter,
         ledger_policy,
         settings.operations.lease_s,
         clock,
-        check_runner,
-    )
-    check_service = CheckService(
-        store, fingerprinter, check_runner, settings.tasks.retention_s, clock, ledger_policy
+        check_service,
     )
     task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
     chain_service = ChainService(store, fingerprinter, settings.chains, clock)

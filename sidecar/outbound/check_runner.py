@@ -57,7 +57,6 @@ from sidecar.config_sections import (
     JsonSchemaCheck,
     OperationsCheck,
 )
-from sidecar.core.check_scope import CheckScope, open_to
 from sidecar.core.check_verdicts import CheckReason, CheckResult, combine
 from sidecar.errors import ChecksBusy
 from sidecar.outbound.bounded_read import BodyBroken, BodyTooLarge, BodyTooSlow, read_body
@@ -252,24 +251,6 @@ class CheckRunner:
         self.concurrency = concurrency
         self.wait_s = wait_s
         self._slots = threading.BoundedSemaphore(concurrency)
-        self.scopes = {
-            n: CheckScope(
-                frozenset(c.workflows or ()), tuple(c.of) if isinstance(c, CombinedCheck) else ()
-            )
-            for n, c in self.configs.items()
-        }
-
-    def shapes(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """name -> ``(kind, parts)`` of every check (what the ledger's rules read)."""
-        return {
-            n: (c.kind, tuple(c.of) if isinstance(c, CombinedCheck) else ())
-            for n, c in self.configs.items()
-        }
-
-    def open_to(self, name: str, scope: frozenset[str] | None, workflow: str | None = None) -> bool:
-        """True when a token of ``scope`` may run ``name``
-        (:func:`sidecar.core.check_scope.open_to`)."""
-        return open_to(name, self.scopes, scope, workflow)
 
     def _ask(self, cfg: HttpCheck, data: Any) -> CheckResult:
         """One outside call, within the concurrency bound.
