@@ -3,7 +3,7 @@
     .venv/bin/python bench/lineage.py [--page 100] [--pages 2000] [--big 1000000]
 
 Fills one lineage with 1,000 ids and one with ``--big`` ids (pages of
-``--page`` ids through :func:`sidecar.checks.cursor_step`), then times
+``--page`` ids through :func:`sidecar.core.check_verdicts.cursor_step`), then times
 ``--pages`` more pages on each, doing what a cursor check does in its
 transaction: read the stored document (JSON text), fingerprint the page's
 record ids (HMAC, as the service does), step the lineage, encode the new
@@ -20,7 +20,7 @@ import statistics
 import time
 
 from sidecar.canonical import Fingerprinter, canonical_json, secret_from_text
-from sidecar.checks import cursor_step
+from sidecar.core.check_verdicts import cursor_step
 from sidecar.core.lineage import Lineage
 from sidecar.store.base import encode_doc
 

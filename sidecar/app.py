@@ -23,13 +23,13 @@ from sidecar.api import chains, checks, meta, model_gate, operations, problems, 
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable, auth_failure, check_host, check_origin, presented_token
 from sidecar.canonical import build_fingerprinter
-from sidecar.checks import Checks
 from sidecar.config import Settings, load_settings
 from sidecar.core.operations import Operation
 from sidecar.errors import ConfigError, LoopstopError, UnsupportedMediaType
+from sidecar.outbound.check_runner import CheckRunner
 from sidecar.runtime import Runtime
 from sidecar.service.chains import ChainService
-from sidecar.service.checks import CheckService
+from sidecar.service.check_service import CheckService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
 from sidecar.service.overview import Overview
@@ -101,24 +101,25 @@ def create_app(
     clock = clock or time.time
     session = session or requests.Session()
     session.trust_env = False  # no proxy or netrc from the environment for checks
-    configured_checks = Checks(
+    check_runner = CheckRunner(
         settings.checks,
         session,
         env,
         concurrency=settings.http.checks_concurrency,
         wait_s=settings.http.checks_wait_s,
     )
+    ledger_policy = settings.operations.to_core()
+    # One check service runs every check: the routes', the tasks' and the ledger's.
+    check_service = CheckService(
+        store, fingerprinter, check_runner, settings.tasks.retention_s, clock, ledger_policy
+    )
     ops = OperationService(
         store,
         fingerprinter,
-        settings.operations.to_core(),
+        ledger_policy,
         settings.operations.lease_s,
         clock,
-        configured_checks,
-    )
-
-    check_service = CheckService(
-        store, fingerprinter, configured_checks, settings.tasks.retention_s, clock, ops.records
+        check_service,
     )
     task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
     chain_service = ChainService(store, fingerprinter, settings.chains, clock)

@@ -123,7 +123,7 @@ def _known_reasons() -> frozenset[str]:
     from sidecar.auth import LoginDecision
     from sidecar.core import tasks
     from sidecar.core.chains import ActivationDecision, ActivationReason, EffectDecision
-    from sidecar.core.checks import CheckDecision, CheckReason
+    from sidecar.core.check_verdicts import CheckDecision, CheckReason
     from sidecar.core.operations import (
         BeginDecision,
         BeginReason,

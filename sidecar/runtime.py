@@ -15,7 +15,7 @@ from sidecar.auth import TokenTable
 from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
 from sidecar.service.chains import ChainService
-from sidecar.service.checks import CheckService
+from sidecar.service.check_service import CheckService
 from sidecar.service.model_gate import ModelGate
 from sidecar.service.operations import OperationService
 from sidecar.service.overview import Overview

@@ -45,7 +45,7 @@ def _enum(schemas: dict[str, Any], name: str) -> list[str]:
 
 def build() -> dict[str, Any]:
     """The contract: per node operation (``resource.operation``), its decisions and reasons."""
-    from sidecar.core.checks import CheckReason
+    from sidecar.core.check_verdicts import CheckReason
     from sidecar.core.tasks import CompleteReason, DenyReason, EndReason
 
     schemas = _openapi()["components"]["schemas"]

@@ -1,11 +1,14 @@
 """A small system of record for the check tests: a real HTTP server on loopback.
 
-Orders, comments, charges, paginated lists, a slow endpoint, a broken one,
-a redirect to another host, and an echo of the raw request path.
+Orders (plain and gzip-compressed), comments, charges, paginated lists, a
+slow endpoint, a broken one, a redirect to another host, and an echo of the
+raw request path.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +51,18 @@ def _handler(data: SystemOfRecord) -> type[BaseHTTPRequestHandler]:
             if head == "charges":
                 charge = data.charges.get(tail)
                 return self._json(200, charge) if charge else self._json(404, {})
+            if head == "gzip":  # an order, compressed as a web server would
+                order = data.orders.get(tail)
+                if order is None:
+                    return self._json(404, {"error": "none"})
+                raw = gzip.compress(json.dumps(order).encode())
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                return None
             if head == "slow":
                 time.sleep(2)
                 return self._json(200, {"ok": True})

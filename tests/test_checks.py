@@ -34,6 +34,12 @@ def checks_config(base: str) -> dict[str, Any]:
             "timeout_s": 2,
             "headers": {"Authorization": {"env": "ORDERS_TOKEN", "prefix": "Bearer "}},
         },
+        "order_confirmed_gzip": {
+            "kind": "http",
+            "url": base + "/gzip/{order_id}",
+            "assert": ["status == 'confirmed'"],
+            "revision": "version",
+        },
         "comment_exists": {"kind": "http", "url": base + "/comments/{comment_id}"},
         "slow": {"kind": "http", "url": base + "/slow/{x}", "timeout_s": 0.5},
         "broken": {"kind": "http", "url": base + "/broken", "assert": ["ok"]},
@@ -140,6 +146,15 @@ def test_pending_is_not_terminal_success(api: Api) -> None:
     out = check(api, "order_confirmed", {"order_id": "ORD-2"})
     assert (out["passed"], out["reason"], out["revision"]) == (False, "assertion_failed", 1)
     assert out["evidence"]["assertions"] == [{"assert": "status == 'confirmed'", "ok": False}]
+
+
+def test_a_compressed_answer_is_read_decompressed(api: Api) -> None:
+    """A system of record behind a web server that gzips JSON answers is read
+    as its JSON (the session asks for gzip), not refused as a body that is not JSON."""
+    out = check(api, "order_confirmed_gzip", {"order_id": "ORD-1"})
+    assert (out["passed"], out["reason"], out["revision"]) == (True, "passed", 3)
+    out = check(api, "order_confirmed_gzip", {"order_id": "ORD-2"})
+    assert out["reason"] == "assertion_failed"
 
 
 def test_cannot_answer_never_passes(api: Api) -> None:

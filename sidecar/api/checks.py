@@ -12,7 +12,7 @@ from sidecar.api.decisions import log_decision
 from sidecar.api.models import RequestBody
 from sidecar.api.openapi import route
 from sidecar.api.task_models import TASK_ID_PATTERN, CheckView
-from sidecar.core.checks import CheckDecision
+from sidecar.core.check_verdicts import CheckDecision
 from sidecar.errors import ValidationFailed
 from sidecar.runtime import runtime
 from sidecar.service import keys

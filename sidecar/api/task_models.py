@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from sidecar.api.models import Name, OperationId, RequestBody, rfc3339, whole
 from sidecar.config import LimitsOverride
-from sidecar.core.checks import CheckResult
+from sidecar.core.check_verdicts import CheckResult
 from sidecar.core.tasks import (
     CallKind,
     CompleteDecision,

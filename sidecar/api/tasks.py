@@ -31,7 +31,7 @@ from sidecar.api.task_models import (
     ToolCallResponse,
     render,
 )
-from sidecar.checks import CheckResult
+from sidecar.core.check_verdicts import CheckResult
 from sidecar.core.tasks import LifecycleDecision, Task, ToolResult
 from sidecar.runtime import runtime
 from sidecar.service import keys

@@ -229,7 +229,7 @@ MESSAGES = {
     "workflow_resumed": "Workflow resumed",
     "operation_reconciled": "Operation reconciled",
 }
-#: Why n8n could not be asked, as :class:`~sidecar.n8n.N8nError` names it.
+#: Why n8n could not be asked, as :class:`~sidecar.outbound.n8n_api.N8nError` names it.
 N8N_REASONS = frozenset({"unreachable", "timeout", "key_refused", "bad_response"})
 _STATES = frozenset(str(s) for s in CancellationState)
 

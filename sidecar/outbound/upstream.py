@@ -5,9 +5,8 @@ One :class:`Upstream` per gate: POST a turn, GET the model list, under
 exchange, from the request to the answer's last byte: a server dripping
 bytes or keep-alive comments cannot hold a worker past it; and at most
 ``max_answer_bytes`` of answer, counted decompressed (a gzip bomb stops
-there; urllib3 decompresses each read to its size). A stream's
-frames are read as they arrive (one socket read at a time, never waiting
-for a block to fill).
+there). The body is read by :mod:`sidecar.outbound.bounded_read`, as every
+outbound answer is; a stream's frames are read as they arrive.
 
 Errors are mapped here: a timeout is a ``504``, an unreachable upstream a
 ``502``, an error status is relayed with its status and its body in the
@@ -30,20 +29,18 @@ import sseclient
 
 from sidecar.errors import GateNotConfigured, UpstreamError
 from sidecar.gate.wire.base import OPENAI, Api, Frame, Framing, Inbound, StreamBroken, WireAdapter
+from sidecar.outbound.bounded_read import BodyBroken, BodyTooLarge, BodyTooSlow, body_chunks
 
 #: The longest the TCP connect may take (of ``timeout_s``).
 CONNECT_S = 5.0
 #: The model list's deadlines (n8n's credential test): connect, then read (at most).
 LIST_CONNECT_S = 3.0
 LIST_READ_S = 10.0
-#: One socket read.
-READ_BYTES = 65536
 
 
 def _broken(exc: Exception) -> StreamBroken:
-    return StreamBroken(
-        f"the upstream model's stream broke ({type(exc).__name__})", "upstream_stream_cut"
-    )
+    name = exc.error if isinstance(exc, BodyBroken) else type(exc).__name__
+    return StreamBroken(f"the upstream model's stream broke ({name})", "upstream_stream_cut")
 
 
 @dataclass
@@ -68,27 +65,23 @@ class Exchange:
         return str(self.resp.headers.get("Content-Type", ""))
 
     def chunks(self) -> Iterator[bytes]:
-        """The body's bytes as they arrive, until the upstream ends it.
+        """The body's bytes as they arrive, until the upstream ends it
+        (:func:`~sidecar.outbound.bounded_read.body_chunks`).
 
         :raises StreamBroken: the deadline passed (code ``timeout``), or the
             answer passed ``max_bytes`` (code ``answer_too_large``).
+        :raises BodyBroken: a read failed (the connection broke, the body was cut).
         """
-        raw = self.resp.raw
-        total = 0
-        while True:
-            if self.monotonic() > self.deadline:
-                raise StreamBroken("the upstream model took too long", "timeout")
-            data = raw.read1(READ_BYTES, decode_content=True)
-            if not data:
-                return
-            total += len(data)
-            if total > self.max_bytes:
-                raise StreamBroken(
-                    f"the upstream model's answer is larger than {self.max_bytes} bytes "
-                    "(model_gate.max_answer_bytes)",
-                    "answer_too_large",
-                )
-            yield data
+        try:
+            yield from body_chunks(self.resp, self.deadline, self.max_bytes, self.monotonic)
+        except BodyTooSlow:
+            raise StreamBroken("the upstream model took too long", "timeout") from None
+        except BodyTooLarge:
+            raise StreamBroken(
+                f"the upstream model's answer is larger than {self.max_bytes} bytes "
+                "(model_gate.max_answer_bytes)",
+                "answer_too_large",
+            ) from None
 
     def read_all(self, adapter: WireAdapter) -> bytes:
         """The whole body, read under the deadline, then closed.

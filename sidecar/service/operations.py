@@ -26,7 +26,6 @@ from typing import Any
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
-from sidecar.checks import Checks
 from sidecar.core import operations as core
 from sidecar.core.operations import (
     BeginDecision,
@@ -42,6 +41,7 @@ from sidecar.core.operations import (
 )
 from sidecar.errors import Forbidden, ValidationFailed
 from sidecar.service import keys, mappers, records
+from sidecar.service.check_service import CheckService
 from sidecar.service.mappers import Operations, covering_stop
 from sidecar.service.records import Txn
 from sidecar.store import Store
@@ -86,7 +86,7 @@ class OperationService:
     :param policy: attempts and retention.
     :param default_lease_s: the lease when ``begin`` names none.
     :param clock: epoch seconds; read once per request, before the transaction.
-    :param checks: the configured checks, for reconcile-by-check.
+    :param checks: the check service, which runs a begin's reconcile check.
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class OperationService:
         policy: OperationPolicy,
         default_lease_s: float,
         clock: Callable[[], float],
-        checks: Checks | None = None,
+        checks: CheckService | None = None,
     ) -> None:
         self.checks = checks
         self.store = store
@@ -278,7 +278,7 @@ class OperationService:
         """
         loc = ["body", "reconcile", "check"]
         scoped = principal.workflows is not None
-        if scoped and (self.checks is None or not self.checks.open_to(name, principal.workflows)):
+        if scoped and (self.checks is None or not self.checks.is_open(principal, name)):
             # A scoped token learns nothing of a check outside its workflows, not even
             # whether it exists or what it asks: one answer for absent and closed.
             raise Forbidden(f"check {name!r} is not open to token {principal.name!r}'s workflows")
@@ -294,7 +294,7 @@ class OperationService:
                     }
                 ]
             )
-        if not self.checks.open_to(name, principal.workflows, workflow):
+        if not self.checks.is_open(principal, name, workflow):
             raise Forbidden(
                 f"check {name!r} is not open to workflow {workflow!r} (its workflows list)"
             )
@@ -303,23 +303,25 @@ class OperationService:
         """True when check ``name`` asks the system of record (it may settle a write)."""
         if self.checks is None:
             return False
-        return core.asks_system_of_record(name, self.checks.shapes())
+        return core.asks_system_of_record(name, self.checks.shapes)
 
     def ask_receiver(
         self, spec: dict[str, Any], principal: Principal, workflow: str | None
     ) -> CheckFinding | None:
-        """Run a reconcile check (outside any transaction); None when it cannot run here
-        (unknown, reading the store, asking nothing of the system of record, or not
-        open to ``workflow``)."""
+        """Run a reconcile check through the check service, outside any transaction;
+        None when it cannot run here (unknown, reading the store, asking nothing of
+        the system of record, or not open to ``workflow``).
+
+        :raises ChecksBusy: too many checks are asking systems of record.
+        """
         name = spec.get("check")
         if not isinstance(name, str) or self.checks is None or name not in self.checks:
             return None
         if self.checks.needs_store(name) or not self.may_reconcile(name):
             return None
-        if not self.checks.open_to(name, principal.workflows, workflow):
+        if not self.checks.is_open(principal, name, workflow):
             return None
-        data = spec.get("input")
-        result = self.checks.run(name, data, self.checks.prefetch(name, data))
+        result = self.checks.run_outside(name, spec.get("input"))
         return CheckFinding.of(name, result.passed, str(result.reason), result.evidence)
 
     def commit(

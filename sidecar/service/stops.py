@@ -32,7 +32,7 @@ from sidecar.core.executions import (
 )
 from sidecar.core.stops import Stop
 from sidecar.core.tasks import Task
-from sidecar.n8n import Execution, N8nClient, N8nError
+from sidecar.outbound.n8n_api import Execution, N8nClient, N8nError
 from sidecar.service import keys, records
 from sidecar.service.chains import ChainInfo, ChainService
 from sidecar.service.tasks import TaskService

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
-from sidecar.checks import CheckResult
 from sidecar.config import Settings
 from sidecar.core import tasks as core
+from sidecar.core.check_verdicts import CheckResult
 from sidecar.core.operations import BeginRequest, OperationPolicy
 from sidecar.core.tasks import (
     CallKind,
@@ -28,7 +28,7 @@ from sidecar.core.tasks import (
 )
 from sidecar.errors import NotFound, ValidationFailed
 from sidecar.service import keys, mappers, records
-from sidecar.service.checks import CheckService, check_input, verdict
+from sidecar.service.check_service import CheckService, check_input, verdict
 from sidecar.service.mappers import Tasks, covering_stop
 from sidecar.service.operations import OperationService
 from sidecar.service.records import Txn
@@ -467,7 +467,7 @@ class TaskService:
         """
         check_name = self._tool_check(principal, ns, task_id, call_id)
         data = check_input(res.result, res.receipt)
-        fetched = self.checks.configured.prefetch(check_name, data) if check_name else {}
+        fetched = self.checks.prefetch(check_name, data) if check_name else {}
 
         def step(
             task: Task, txn: Txn
@@ -531,11 +531,11 @@ class TaskService:
             policy = self.settings.policies.get(task.policy or "")
             exit_check = policy.exit_check if policy is not None else None
         name = core.exit_check(exit_check, check)
-        if name is not None and name not in self.checks.configured:
+        if name is not None and name not in self.checks:
             raise ValidationFailed([{"loc": ["body", "check"], "msg": f"no check {name!r}"}])
         if name is not None:
             self.checks.require_open(principal, name, task.workflow)
-        fetched = self.checks.configured.prefetch(name, data) if name else {}
+        fetched = self.checks.prefetch(name, data) if name else {}
 
         def step(
             task: Task, txn: Txn

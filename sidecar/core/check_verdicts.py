@@ -1,7 +1,8 @@
 """Check verdicts and the checks' pure rules (DESIGN §4): reasons, results,
 a ``cursor`` check's page (its memory is :mod:`sidecar.core.lineage`) and
-how ``all`` / ``any`` combine their parts. Running a check (HTTP, JSON Schema) is
-:mod:`sidecar.checks`; nothing here does I/O.
+how ``all`` / ``any`` combine their parts. Who may run a check is
+:mod:`sidecar.core.check_scope`; running one (HTTP, JSON Schema) is
+:mod:`sidecar.outbound.check_runner`; nothing here does I/O.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""Checks: validated business exits against the system of record (DESIGN §4).
+"""Running checks: the calls a check makes to the system of record (DESIGN §4).
 
 A check answers whether a claim holds: the order is confirmed, the comment
 exists, every page was read, every write committed. A model's ``done: true``
 is never enough. Checks are named in the configuration and run by the
-sidecar; this is the only part of loopstop that makes outbound requests,
-through an injected :class:`requests.Session`, and never inside a store
-transaction.
+sidecar through an injected :class:`requests.Session`, never inside a store
+transaction; the verdicts and the rules over them are
+:mod:`sidecar.core.check_verdicts`, who may run a check is
+:mod:`sidecar.core.check_scope`, and :mod:`sidecar.service.check_service`
+runs checks for the routes, the tasks and the ledger.
 
 A check never passes by default: a system of record that cannot answer
 fails the check with ``unreachable``, ``timeout`` or ``bad_response``.
@@ -17,20 +19,19 @@ Kinds:
   are filled from the input and percent-encoded into the path and the query
   only, never the scheme or host (no SSRF); no redirects are followed;
   expected statuses; JMESPath assertions that must all be truthy; an
-  optional JMESPath giving the integer revision.
+  optional JMESPath giving the integer revision. The answer is read by
+  :mod:`sidecar.outbound.bounded_read` within ``timeout_s`` and
+  :data:`MAX_RESPONSE_BYTES` (decompressed).
 - ``json_schema``: the input (or a JMESPath into it) validates against a
   JSON Schema (draft 2020-12).
 - ``cursor``: pagination lineage per task; pure store logic, see
-  :func:`sidecar.core.checks.cursor_step`.
+  :func:`sidecar.core.check_verdicts.cursor_step`.
 - ``operations``: every listed operation id is ``committed``.
 - ``all`` / ``any``: combinations.
 
-Scope: a check names the workflows that may run it (``workflows: [...]``,
-``["*"]`` for all); a check that names none is open only to tokens holding
-every workflow. A scoped token outside the list is refused before anything
-is fetched (:meth:`Checks.open_to`). At most ``http.checks_concurrency``
-outside calls run at once per worker; one more waits ``http.checks_wait_s``
-and then fails closed (503, :class:`~sidecar.errors.ChecksBusy`).
+At most ``http.checks_concurrency`` outside calls run at once per worker;
+one more waits ``http.checks_wait_s`` and then fails closed (503,
+:class:`~sidecar.errors.ChecksBusy`).
 """
 
 from __future__ import annotations
@@ -56,27 +57,9 @@ from sidecar.config_sections import (
     JsonSchemaCheck,
     OperationsCheck,
 )
-from sidecar.core.checks import (
-    CANNOT_RUN,
-    CheckReason,
-    CheckResult,
-    combine,
-    cursor_step,
-)
-from sidecar.core.lineage import Lineage
+from sidecar.core.check_verdicts import CheckReason, CheckResult, combine
 from sidecar.errors import ChecksBusy
-
-__all__ = [
-    "CANNOT_RUN",
-    "CheckReason",
-    "CheckResult",
-    "Checks",
-    "Lineage",
-    "StorePart",
-    "combine",
-    "cursor_step",
-]
-
+from sidecar.outbound.bounded_read import BodyBroken, BodyTooLarge, BodyTooSlow, read_body
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
@@ -142,7 +125,8 @@ def run_http(
     cfg: HttpCheck, data: Any, session: requests.Session, environ: Mapping[str, str]
 ) -> CheckResult:
     """Ask the system of record: one request, no redirects, the whole answer
-    read within ``timeout_s`` and :data:`MAX_RESPONSE_BYTES`."""
+    read within ``timeout_s`` and :data:`MAX_RESPONSE_BYTES`
+    (:func:`~sidecar.outbound.bounded_read.read_body`)."""
     try:
         url = fill_url(cfg.url, data)
     except KeyError as exc:
@@ -162,32 +146,21 @@ def run_http(
             stream=True,
         ) as resp:
             status = resp.status_code
-            raw = bytearray()
-            # read1 returns what has arrived, so a trickling answer meets the deadline.
-            while chunk := resp.raw.read1(65_536):
-                raw += chunk
-                if time.perf_counter() > deadline:
-                    raise requests.Timeout("the whole answer took too long")
-                if len(raw) > MAX_RESPONSE_BYTES:
-                    evidence.update(
-                        status=status, error=f"the body exceeds {MAX_RESPONSE_BYTES} bytes"
-                    )
-                    return CheckResult(False, CheckReason.BAD_RESPONSE, evidence=evidence)
-    except requests.Timeout:
+            raw = read_body(resp, deadline, MAX_RESPONSE_BYTES, time.perf_counter)
+    except (requests.Timeout, BodyTooSlow):
         return CheckResult(
             False, CheckReason.TIMEOUT, evidence={**evidence, "timeout_s": cfg.timeout_s}
         )
-    except (requests.RequestException, OSError) as exc:
+    except BodyTooLarge as exc:
+        evidence.update(status=status, error=str(exc))
+        return CheckResult(False, CheckReason.BAD_RESPONSE, evidence=evidence)
+    except BodyBroken as exc:  # a read timed out mid-body, or the body broke off
+        reason = CheckReason.TIMEOUT if exc.timed_out else CheckReason.UNREACHABLE
+        return CheckResult(False, reason, evidence={**evidence, "error": exc.error})
+    except Exception as exc:  # requests', the socket's, anything else the transport raises
         return CheckResult(
             False, CheckReason.UNREACHABLE, evidence={**evidence, "error": type(exc).__name__}
         )
-    except Exception as exc:  # urllib3's read errors (timeouts mid-body, protocol errors)
-        reason = (
-            CheckReason.TIMEOUT
-            if "timeout" in type(exc).__name__.lower()
-            else (CheckReason.UNREACHABLE)
-        )
-        return CheckResult(False, reason, evidence={**evidence, "error": type(exc).__name__})
     evidence["status"] = status
     evidence["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     if status not in cfg.expect_status:
@@ -195,7 +168,7 @@ def run_http(
     if not cfg.assert_ and cfg.revision is None:
         return CheckResult(True, CheckReason.PASSED, evidence=evidence)
     try:
-        body = json.loads(bytes(raw))
+        body = json.loads(raw)
     except (ValueError, RecursionError):
         return CheckResult(
             False, CheckReason.BAD_RESPONSE, evidence={**evidence, "error": "the body is not JSON"}
@@ -247,7 +220,7 @@ def run_json_schema(cfg: JsonSchemaCheck, data: Any) -> CheckResult:
 StorePart = Callable[[str, Any], CheckResult]
 
 
-class Checks:
+class CheckRunner:
     """The configured checks, runnable by name.
 
     Running is two-phase so that no request is ever made inside a store
@@ -279,40 +252,6 @@ class Checks:
         self.wait_s = wait_s
         self._slots = threading.BoundedSemaphore(concurrency)
 
-    def shapes(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """name -> ``(kind, parts)`` of every check (what the ledger's rules read)."""
-        return {
-            n: (c.kind, tuple(c.of) if isinstance(c, CombinedCheck) else ())
-            for n, c in self.configs.items()
-        }
-
-    def open_to(
-        self,
-        name: str,
-        scope: frozenset[str] | None,
-        workflow: str | None = None,
-        _depth: int = 0,
-    ) -> bool:
-        """True when a token of ``scope`` (None: every workflow) may run ``name``
-        and every part of it.
-
-        :param workflow: the workflow the run acts for (a task's, a begin's);
-            None: any workflow of the scope.
-        """
-        if scope is None:
-            return True
-        cfg = self.configs.get(name)
-        if cfg is None or _depth > 32:
-            return False
-        allowed = cfg.workflows or []
-        if "*" not in allowed:
-            wanted = {workflow} if workflow is not None else set(scope)
-            if not wanted & set(allowed):
-                return False
-        if isinstance(cfg, CombinedCheck):
-            return all(self.open_to(p, scope, workflow, _depth + 1) for p in cfg.of)
-        return True
-
     def _ask(self, cfg: HttpCheck, data: Any) -> CheckResult:
         """One outside call, within the concurrency bound.
 
@@ -329,9 +268,6 @@ class Checks:
 
     def __contains__(self, name: object) -> bool:
         return name in self.configs
-
-    def kind(self, name: str) -> str:
-        return self.configs[name].kind
 
     def needs_store(self, name: str) -> bool:
         """True when the check (or a part of it) reads the store (cursor, operations)."""

@@ -1,4 +1,7 @@
-"""Running checks: outside parts before a transaction, store parts inside it."""
+"""Running checks for the routes, the tasks and the ledger (DESIGN §4): the
+outside parts before a transaction (through :mod:`sidecar.outbound.check_runner`),
+the store parts inside it, and who may run which check
+(:func:`sidecar.core.check_scope.open_to`)."""
 
 from __future__ import annotations
 
@@ -10,13 +13,14 @@ import jmespath
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter, canonical_json
-from sidecar.checks import Checks, StorePart
-from sidecar.config_sections import CursorCheck, OperationsCheck
-from sidecar.core.checks import CheckReason, CheckResult, cursor_step
+from sidecar.config_sections import CombinedCheck, CursorCheck, OperationsCheck
+from sidecar.core.check_scope import CheckScope, open_to
+from sidecar.core.check_verdicts import CheckReason, CheckResult, cursor_step
 from sidecar.core.lineage import Lineage
-from sidecar.core.operations import OperationState, observe
+from sidecar.core.operations import OperationPolicy, OperationState, observe
 from sidecar.core.tasks import CheckVerdict, Task
 from sidecar.errors import Forbidden, NotFound
+from sidecar.outbound.check_runner import CheckRunner, StorePart
 from sidecar.service import keys, mappers, records
 from sidecar.service.records import Txn
 from sidecar.store import Store
@@ -30,38 +34,79 @@ def verdict(result: CheckResult) -> CheckVerdict:
 
 
 class CheckService:
-    """Runs configured checks by name (``POST /v1/checks/{name}``) and lends the
-    task and ledger services the store parts of a check.
+    """Runs configured checks by name: for ``POST /v1/checks/{name}``, for the
+    task service (tool and exit checks, inside its transaction) and for the
+    ledger (reconcile checks, outside any transaction).
 
+    :param runner: the configured checks and their outside calls.
     :param retention_s: how long a cursor check's lineage is kept.
-    :param operations: the ledger's record mapper (an operations check reads it).
+    :param ledger_policy: the ledger's policy (an operations check reads its records).
+    :ivar scopes: name -> what :func:`~sidecar.core.check_scope.open_to` reads.
+    :ivar shapes: name -> ``(kind, parts)``, what the ledger's rules read
+        (:func:`~sidecar.core.operations.asks_system_of_record`).
     """
 
     def __init__(
         self,
         store: Store,
         fingerprinter: Fingerprinter,
-        checks: Checks,
+        runner: CheckRunner,
         retention_s: float,
         clock: Callable[[], float],
-        operations: mappers.Operations,
+        ledger_policy: OperationPolicy,
     ) -> None:
         self.store = store
         self.fp = fingerprinter
-        self.configured = checks
+        self.runner = runner
         self.retention_s = retention_s
         self.clock = clock
         self.lineages = mappers.lineages(retention_s)
-        self.operations = operations
+        self.operations = mappers.Operations(ledger_policy)
+        parts = {
+            n: tuple(c.of) if isinstance(c, CombinedCheck) else ()
+            for n, c in runner.configs.items()
+        }
+        self.scopes = {
+            n: CheckScope(frozenset(c.workflows or ()), parts[n]) for n, c in runner.configs.items()
+        }
+        self.shapes = {n: (c.kind, parts[n]) for n, c in runner.configs.items()}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.runner
+
+    def is_open(self, principal: Principal, name: str, workflow: str | None = None) -> bool:
+        """True when ``principal`` may run ``name`` (for ``workflow``; None: any
+        of its workflows); False for a check that does not exist."""
+        return open_to(name, self.scopes, principal.workflows, workflow)
 
     def names(self, principal: Principal) -> list[tuple[str, str]]:
         """(name, kind) of every check ``principal`` may run, by name: a scoped
         token does not learn of checks outside its workflows."""
         return sorted(
             (name, cfg.kind)
-            for name, cfg in self.configured.configs.items()
-            if self.configured.open_to(name, principal.workflows)
+            for name, cfg in self.runner.configs.items()
+            if self.is_open(principal, name)
         )
+
+    def needs_store(self, name: str) -> bool:
+        """True when check ``name`` (or a part of it) reads the store."""
+        return self.runner.needs_store(name)
+
+    def prefetch(self, name: str, data: Any) -> dict[str, CheckResult]:
+        """Run every outside part of ``name`` now: before the transaction that
+        :meth:`run_in` runs in (see :meth:`.CheckRunner.prefetch`).
+
+        :raises ChecksBusy: too many checks are asking systems of record.
+        """
+        return self.runner.prefetch(name, data)
+
+    def run_outside(self, name: str, data: Any) -> CheckResult:
+        """Run ``name``, a check that reads no store, now (outside any transaction).
+
+        :raises KeyError: the check reads the store (see :meth:`needs_store`).
+        :raises ChecksBusy: too many checks are asking systems of record.
+        """
+        return self.runner.run(name, data, self.runner.prefetch(name, data))
 
     def run_in(
         self,
@@ -82,7 +127,7 @@ class CheckService:
             two tools sharing a cursor check page through different lists).
         """
         pages: list[tuple[str, Lineage]] = []
-        result = self.configured.run(
+        result = self.runner.run(
             name, data, fetched, self.store_part(txn, principal, ns, task_id, scope, pages)
         )
         if result.passed:
@@ -108,7 +153,7 @@ class CheckService:
         """
 
         def part(name: str, data: Any) -> CheckResult:
-            cfg = self.configured.configs[name]
+            cfg = self.runner.configs[name]
             if isinstance(cfg, OperationsCheck):
                 workflow = None
                 if task_id is not None:
@@ -178,7 +223,7 @@ class CheckService:
 
         :raises Forbidden: a scoped token outside the check's ``workflows``.
         """
-        if not self.configured.open_to(name, principal.workflows, workflow):
+        if not self.is_open(principal, name, workflow):
             raise Forbidden(
                 f"check {name!r} is not open to token {principal.name!r}'s workflows "
                 "(the check's workflows list)"
@@ -194,7 +239,7 @@ class CheckService:
         :raises Forbidden: the task belongs to a workflow outside the scope, or the
             check is not open to a scoped token (or absent: the same answer).
         """
-        if name not in self.configured:
+        if name not in self:
             if principal.workflows is not None:  # a scoped token cannot tell absent from closed
                 self.require_open(principal, name, None)
             raise NotFound(f"no check named {name!r}")
@@ -206,9 +251,9 @@ class CheckService:
             workflow = Task.from_doc(doc).workflow  # type: ignore[union-attr]
             principal.require(workflow, of_record=True)
         self.require_open(principal, name, workflow)
-        fetched = self.configured.prefetch(name, data)
-        if not self.configured.needs_store(name):
-            return self.configured.run(name, data, fetched)
+        if not self.needs_store(name):
+            return self.run_outside(name, data)
+        fetched = self.prefetch(name, data)
         now = self.clock()
         task_key = keys.task(ns, task_id) if task_id else None
 

@@ -31,8 +31,10 @@ Every call has one total deadline (its own ``timeout_s``, or the earlier
 ``deadline`` a caller gives, such as a stop's): requests' ``timeout`` bounds
 each socket read, so an n8n that trickles its answer a byte at a time would
 otherwise hold the caller for as long as it likes. The body is read as it
-arrives and the call ends ``timeout`` once the deadline passes (a read in
-flight then ends within its own read timeout, itself capped by what was left).
+arrives (:mod:`sidecar.outbound.bounded_read`) and the call ends ``timeout``
+once the deadline passes (a read in flight then ends within its own read
+timeout, itself capped by what was left, and ends ``timeout`` too); a body
+that breaks off ends it ``unreachable``.
 
 This is I/O: it is called outside every store transaction.
 """
@@ -48,6 +50,7 @@ from urllib.parse import quote
 
 import requests
 
+from sidecar.outbound.bounded_read import BodyBroken, BodyTooLarge, BodyTooSlow, read_body
 from sidecar.urls import redact_url
 
 #: How many pages of executions one listing reads at most (250 per page).
@@ -160,9 +163,15 @@ class N8nClient:
                 stream=True,  # the body is read below, under the same deadline
             )
             with resp:
-                raw = self._read(resp, until)
-        except requests.Timeout as exc:
+                raw = read_body(resp, until, MAX_BODY_BYTES, self.monotonic)
+        except (requests.Timeout, BodyTooSlow) as exc:
             raise self._late() from exc
+        except BodyTooLarge as exc:
+            raise N8nError("bad_response", f"n8n's answer is over {MAX_BODY_BYTES} bytes") from exc
+        except BodyBroken as exc:
+            if exc.timed_out:
+                raise self._late() from exc
+            raise N8nError("unreachable", f"{exc.error} at {self.shown}") from exc
         except requests.RequestException as exc:
             raise N8nError("unreachable", f"{type(exc).__name__} at {self.shown}") from exc
         if resp.status_code in (401, 403):
@@ -179,25 +188,6 @@ class N8nClient:
 
     def _late(self) -> N8nError:
         return N8nError("timeout", f"n8n did not answer within {self.timeout_s} s")
-
-    def _read(self, resp: requests.Response, until: float) -> bytes:
-        """The body as it arrives (one socket read at a time), until ``until``.
-
-        :raises N8nError: ``timeout`` past the deadline; ``bad_response`` over
-            :data:`MAX_BODY_BYTES`.
-        """
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            if self.monotonic() > until:
-                raise self._late()
-            data = resp.raw.read1(65536, decode_content=True)
-            if not data:
-                return b"".join(chunks)
-            size += len(data)
-            if size > MAX_BODY_BYTES:
-                raise N8nError("bad_response", f"n8n's answer is over {MAX_BODY_BYTES} bytes")
-            chunks.append(data)
 
     def ping(self, deadline: float | None = None) -> None:
         """Check the API answers and accepts the key (a one-item listing).
