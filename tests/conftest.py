@@ -37,6 +37,10 @@ from flask.testing import FlaskClient
 from sidecar.app import create_app
 from sidecar.store import Store, store_from_url
 
+#: the repository's root, and the tests' own folder (modules in any subfolder use these)
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
 SECRET = "test-secret-0123456789abcdef"
 N8N_TOKEN = "tok-n8n-0123456789"
 ADMIN_TOKEN = "tok-admin-0123456789"

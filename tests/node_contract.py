@@ -3,7 +3,7 @@
 The node package's unit tests (``n8n-nodes/test/routing.test.mjs``) read
 ``n8n-nodes/test/contract.json``: every answer their fixtures route must use
 a decision and a reason listed there, and every listed decision must land on
-a named output. ``tests/test_node_contract.py`` checks that the file is what
+a named output. ``tests/project/test_node_contract.py`` checks that the file is what
 this module builds from ``/openapi.json`` (the routes whose answers carry
 their decision and reason as enums) and from the core's enums (the reasons
 the tool-call, complete and check answers carry as plain strings), so a

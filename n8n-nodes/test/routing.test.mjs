@@ -17,7 +17,7 @@ import {
 /**
  * The decisions and reasons the sidecar answers per operation, written from its
  * /openapi.json and enums by `python tests/node_contract.py` (and checked to be
- * current by tests/test_node_contract.py).
+ * current by tests/project/test_node_contract.py).
  */
 const CONTRACT = JSON.parse(readFileSync(new URL('./contract.json', import.meta.url), 'utf8'));
 

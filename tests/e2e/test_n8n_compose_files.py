@@ -29,7 +29,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 
 from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
-from test_serve import Sidecar  # noqa: E402
+from served import Sidecar  # noqa: E402
 
 from conftest import free_port  # noqa: E402
 

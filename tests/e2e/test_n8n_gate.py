@@ -38,7 +38,7 @@ from fake_llm import FakeLLM  # noqa: E402
 from fake_llm import serve as serve_fake_llm  # noqa: E402
 from local_http import JsonHandler, running  # noqa: E402
 from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
-from test_serve import Sidecar  # noqa: E402
+from served import Sidecar  # noqa: E402
 
 from conftest import free_port  # noqa: E402
 

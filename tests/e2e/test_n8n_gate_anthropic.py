@@ -34,6 +34,7 @@ from fake_llm import FakeLLM  # noqa: E402
 from fake_llm import serve as serve_fake_llm  # noqa: E402
 from local_http import running  # noqa: E402
 from n8n_runtime import Install, N8n  # noqa: E402
+from served import Sidecar  # noqa: E402
 from test_n8n_gate import (  # noqa: E402
     CHAT_WEBHOOK_ID,
     FINAL,
@@ -50,7 +51,6 @@ from test_n8n_gate import (  # noqa: E402
     _variant,
     _webhook,
 )
-from test_serve import Sidecar  # noqa: E402
 
 from conftest import free_port  # noqa: E402
 

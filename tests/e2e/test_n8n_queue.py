@@ -41,6 +41,7 @@ from local_http import running  # noqa: E402
 from n8n_queue import N8nWorker, QueueN8n  # noqa: E402
 from n8n_runtime import Install, build_node_package  # noqa: E402
 from records import Records, serving  # noqa: E402
+from served import Sidecar  # noqa: E402
 from test_n8n_stops import (  # noqa: E402
     ADMIN,
     AGENT_WORKFLOW,
@@ -57,7 +58,6 @@ from test_n8n_stops import (  # noqa: E402
     _workflow,
 )
 from test_n8n_stops import Stack as StopsStack  # noqa: E402
-from test_serve import Sidecar  # noqa: E402
 
 from conftest import PostgresServer, RedisServer, free_port  # noqa: E402
 
