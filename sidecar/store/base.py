@@ -15,7 +15,13 @@ an expiry that is late by a sweep interval changes no decision.
 
 Method set (stated once, implemented by :mod:`.sqlite`, :mod:`.redis` and
 :mod:`.postgres`): ``transact``, ``get_many``, ``index_page``,
-``index_count``, ``ping``, ``ensure_schema``, ``close``.
+``index_count``, ``ping``, ``ensure_schema``, ``close``; each backend also
+opens itself from a URL (:meth:`Store.from_url`, chosen by scheme in
+:mod:`sidecar.store`). A backend that deletes expired rows on demand is
+:class:`Sweepable`, one whose file can shrink :class:`Compactable`
+(``loopstop purge [--vacuum]``). A store reports its round trips and
+conflicts to the callbacks it is built with (:class:`StoreEvents`); it
+imports no metrics.
 
 Every store carries an *identity*: a random id written once, when the store
 is initialised, beside the schema version. A store object that has seen it
@@ -37,11 +43,12 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, ClassVar, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
+from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from sidecar.errors import SchemaMismatch, StoreUnavailable
+from sidecar.errors import ConfigError, SchemaMismatch, StoreUnavailable
 
 log = logging.getLogger("loopstop.store")
 
@@ -217,6 +224,86 @@ class Snapshot:
 TxnFn = Callable[[Snapshot], Plan[T]]
 
 
+def _nothing() -> None:
+    """No one listens."""
+
+
+@dataclass(frozen=True)
+class StoreEvents:
+    """What a store reports while it works, to callbacks its builder gives (the
+    app's metrics, a test's tally); each does nothing unless given.
+
+    :ivar round_trip: called once per request sent to a networked store (Redis,
+        PostgreSQL), a compare-and-set that lost included.
+    :ivar conflict: called once per compare-and-set that found a document
+        changed since it was read (the transaction then re-runs on the current
+        documents).
+    """
+
+    round_trip: Callable[[], None] = _nothing
+    conflict: Callable[[], None] = _nothing
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """What the configuration says about a store besides its URL; each backend
+    reads what applies to it.
+
+    :ivar timeout_s: the deadline of one call (a decision), seconds (Redis and
+        PostgreSQL; SQLite waits its URL's ``busy_timeout_s`` for the lock).
+    :ivar wait_replicas: Redis replicas that must acknowledge each write.
+    :ivar policy_check_s: seconds between checks of Redis's eviction policy.
+    :ivar events: where the store reports round trips and conflicts.
+    """
+
+    timeout_s: float = 2.0
+    wait_replicas: int = 0
+    policy_check_s: float = 5.0
+    events: StoreEvents = field(default_factory=StoreEvents)
+
+
+@runtime_checkable
+class Sweepable(Protocol):
+    """A store that keeps expired rows until they are deleted (SQLite,
+    PostgreSQL); Redis expires keys by itself and is not one."""
+
+    def sweep(self, limit: int = ...) -> int:
+        """Delete up to ``limit`` expired documents now; returns how many went."""
+        ...
+
+
+@runtime_checkable
+class Compactable(Protocol):
+    """A store whose file can give the pages a sweep freed back to the disk (SQLite)."""
+
+    def vacuum(self) -> None:
+        """Rebuild the file now (blocks writers meanwhile)."""
+        ...
+
+
+def check_parameters(
+    url: str, allowed: Iterable[str] | None, numeric: Iterable[str] | None = None
+) -> dict[str, list[str]]:
+    """The query parameters of a store URL, checked: each one ``allowed`` (None:
+    any) and each of ``numeric`` (None: every one) a positive number.
+
+    :returns: the parsed query (``parse_qs``).
+    :raises ConfigError: an unknown parameter or one that is not a positive number.
+    """
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    unknown = set() if allowed is None else set(query) - set(allowed)
+    if unknown:
+        raise ConfigError([("store", f"unknown {parsed.scheme} parameter(s): {sorted(unknown)}")])
+    for name in query if numeric is None else set(numeric) & set(query):
+        try:
+            if float(query[name][-1]) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError([("store", f"{name} must be a positive number")]) from None
+    return query
+
+
 #: Methods of a backend that meet the driver (every public one, and the meta
 #: hooks): :meth:`Store.__init_subclass__` wraps each so that a driver error
 #: leaves it as :class:`StoreUnavailable`.
@@ -270,6 +357,25 @@ class Store(abc.ABC):
     backend: str = "abstract"
     #: The driver's exceptions that mean "the store cannot answer".
     driver_errors: tuple[type[BaseException], ...] = ()
+    #: The URL schemes this backend opens (:data:`sidecar.store.SCHEMES` maps
+    #: each of them to this class).
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        """Validate a URL of this backend without opening anything.
+
+        :raises ConfigError: a malformed URL or an unknown or bad parameter.
+        """
+        check_parameters(url, ())
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, options: StoreOptions) -> Store:
+        """Open the store ``url`` names (:meth:`check_url` has accepted it).
+
+        :raises StoreUnavailable: when a store that opens eagerly cannot be opened.
+        """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
