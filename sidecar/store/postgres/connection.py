@@ -17,6 +17,7 @@ libpq reads the end of the stream, psycopg raises
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 import threading
@@ -102,6 +103,9 @@ class Deadlines:
         self._fired: set[int] = set()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        #: When the watching thread wakes by itself next: it is woken earlier only
+        #: for an earlier deadline (a call arming a later one costs it nothing).
+        self._wake_at = math.inf
 
     def arm(self, conn: psycopg.Connection[Any], deadline: float) -> None:
         """End every wait of ``conn`` at ``deadline`` (``time.monotonic``
@@ -125,7 +129,8 @@ class Deadlines:
                     daemon=True,
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif deadline < self._wake_at:
+                self._cond.notify()
         if before is not None:
             before.sock.close()
 
@@ -162,8 +167,10 @@ class Deadlines:
                         self._fired.add(key)
                         _shut(armed.sock)
                 if self._armed:
-                    cond.wait(min(a.deadline for a in self._armed.values()) - now)
+                    self._wake_at = min(a.deadline for a in self._armed.values())
+                    cond.wait(self._wake_at - now)
                     continue
+                self._wake_at = math.inf
                 if not self._stopping:
                     cond.wait(self.IDLE_S)
                 if not self._armed and (self._stopping or time.monotonic() - now >= self.IDLE_S):
