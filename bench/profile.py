@@ -37,17 +37,18 @@ import run  # bench/run.py: servers, wrk, the routes' scripts
 
 #: (part, patterns) in the order a frame is matched; a pattern is a substring of
 #: the frame's file path as py-spy names it, after a leading ``/``
-#: (``redis/client.py`` is matched by ``/redis/``, ``sidecar/store/redis.py`` is not).
+#: (``redis/client.py`` is matched by ``/redis/``; ``sidecar/store/redis/store.py``
+#: is the store layer, whose pattern a frame is matched against first).
 #: Frames that match none (``json``, ``threading``, ``socket``, ``hmac``...)
 #: count for the caller that does.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("store layer (plans, documents)", ("/sidecar/store/",)),
     ("store client (redis-py, psycopg)", ("/redis/", "/psycopg/", "/psycopg_pool/")),
     ("body validation (pydantic)", ("/pydantic/", "/pydantic_core/", "/sidecar/api/body.py")),
     ("canonical JSON and fingerprints", ("/rfc8785/", "/sidecar/canonical.py")),
     ("decision log line", ("/logging/", "/sidecar/api/decisions.py")),
     ("metrics (prometheus multiprocess)", ("/prometheus_client/", "/sidecar/metrics.py")),
     ("policy core", ("/sidecar/core/",)),
-    ("store layer (plans, documents)", ("/sidecar/store/",)),
     ("services (keys, mappers, seam)", ("/sidecar/service/", "/sidecar/auth.py")),
     ("views and response models", ("/sidecar/api/",)),
     ("the floor's route", ("/floors.py", "/bare.py")),

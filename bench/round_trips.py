@@ -29,7 +29,6 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import NOT_DECISIONS, SECRET, TOKEN, start_redis
 
-from sidecar import metrics
 from sidecar.app import create_app
 
 CONFIG: dict[str, Any] = {
@@ -125,6 +124,10 @@ def main() -> int:
         env = {"LOOPSTOP_SECRET": SECRET, "BENCH_TOKEN": TOKEN, "LOOPSTOP_STORE": url}
         app = create_app({**CONFIG, "store": url}, environ=env)
         http = app.test_client()
+        registry = app.extensions["loopstop"].metrics.registry
+
+        def round_trips() -> float:
+            return registry.get_sample_value("loopstop_store_round_trips_total") or 0.0
 
         def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
             r = http.post("/v1" + path, json=body, headers=HEADERS)
@@ -133,10 +136,10 @@ def main() -> int:
             return out
 
         def count(step: Callable[[], Any]) -> tuple[float, float]:
-            trips0 = metrics.STORE_ROUND_TRIPS._value.get()
+            trips0 = round_trips()
             calls0 = commands(client)
             step()
-            return metrics.STORE_ROUND_TRIPS._value.get() - trips0, commands(client) - calls0
+            return round_trips() - trips0, commands(client) - calls0
 
         rows: dict[str, list[tuple[float, float]]] = {}
 

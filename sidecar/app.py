@@ -20,12 +20,14 @@ from flask import Flask, Request, Response, g, request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
+from sidecar.api.decisions import auth_failure, label_values
 from sidecar.api.models import OperationView
-from sidecar.auth import TokenTable, auth_failure, check_host, check_origin, presented_token
+from sidecar.auth import TokenTable, check_host, check_origin, presented_token
 from sidecar.canonical import build_fingerprinter
 from sidecar.config import Settings, load_settings
 from sidecar.core.operations import Operation
 from sidecar.errors import ConfigError, LoopstopError, UnsupportedMediaType
+from sidecar.metrics import Metrics
 from sidecar.outbound.check_runner import CheckRunner
 from sidecar.runtime import Runtime
 from sidecar.service.chains import ChainService
@@ -36,7 +38,7 @@ from sidecar.service.overview import Overview
 from sidecar.service.sessions import SessionRevocations
 from sidecar.service.stops import StopService
 from sidecar.service.tasks import TaskService
-from sidecar.store import Store, sqlite_path, store_from_url
+from sidecar.store import Store, StoreEvents, sqlite_path, store_from_url
 
 log = logging.getLogger("loopstop")
 
@@ -74,7 +76,9 @@ def create_app(
     :param environ: environment for secrets, tokens and ``LOOPSTOP_STORE``
         (default ``os.environ``).
     :param clock: epoch seconds (default ``time.time``); tests inject one.
-    :param store: an already open store (default: from ``settings.store``).
+    :param store: an already open store (default: from ``settings.store``,
+        reporting its round trips and conflicts to this app's metrics; a store
+        given here reports to the callbacks it was built with).
     :param session: the HTTP session checks use (default: a new one).
     :param announce: log the unauthenticated-mode warning (``loopstop
         serve`` says it once in the master instead).
@@ -88,11 +92,17 @@ def create_app(
         fingerprinter = build_fingerprinter(env, secret_file_for(settings.store))
     except (ValueError, OSError) as exc:
         raise ConfigError([("LOOPSTOP_SECRET", str(exc))]) from exc
+    # This app's counters, on a registry of its own (or, under `loopstop serve`,
+    # written for the multiprocess collector): nothing is counted at import.
+    metrics = Metrics(label_values())
     store = store or store_from_url(
         settings.store,
         timeout_s=settings.store_timeout_s,
         wait_replicas=settings.redis.wait_replicas,
         policy_check_s=settings.redis.policy_check_s,
+        events=StoreEvents(
+            round_trip=metrics.store_round_trips.inc, conflict=metrics.store_conflicts.inc
+        ),
     )
     # A worker started by `loopstop serve` knows the identity its master saw:
     # an emptied or replaced store is then refused, not initialised afresh.
@@ -121,7 +131,7 @@ def create_app(
         clock,
         check_service,
     )
-    task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock)
+    task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock, metrics)
     chain_service = ChainService(store, fingerprinter, settings.chains, clock)
 
     app = Flask("sidecar")
@@ -143,6 +153,7 @@ def create_app(
     app.extensions["loopstop"] = Runtime(
         settings=settings,
         store=store,
+        metrics=metrics,
         fingerprinter=fingerprinter,
         tokens=tokens,
         clock=clock,
@@ -160,6 +171,7 @@ def create_app(
             env,
             _n8n_session(),
             clock,
+            metrics,
             workflow_ttl_s=settings.operations.retention_s,
             task_ttl_s=settings.tasks.retention_s,
         ),
@@ -222,7 +234,7 @@ def create_app(
     app.register_blueprint(checks.bp)
     app.register_blueprint(model_gate.bp)
     app.register_blueprint(ui.bp)
-    problems.register(app, _render_extra)
+    problems.register(app, _render_extra, metrics.store_errors.inc)
 
     if tokens.open and announce:
         log.warning("no tokens configured: serving WITHOUT authentication, loopback callers only")

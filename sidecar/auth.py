@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import logging
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,13 +36,10 @@ from sidecar.config import TokenConfig
 from sidecar.errors import (
     Forbidden,
     ForeignOrigin,
-    LoopstopError,
     MisdirectedRequest,
     Unauthenticated,
 )
 from sidecar.gate.wire.base import BEARER, TokenFrom
-
-log = logging.getLogger("loopstop")
 
 
 @dataclass(frozen=True)
@@ -183,23 +179,6 @@ def check_origin(origin: str | None, host_header: str | None, scheme: str) -> No
         raise ForeignOrigin(
             "the request comes from a web page of another origin: refused (CSRF protection)"
         )
-
-
-def auth_failure(exc: LoopstopError, route: str, client: str | None, token: str | None) -> None:
-    """Log and count a refused authentication (the token's name when known, never its value)."""
-    # Imported here: the CLI imports this module before it sets up the metric
-    # folder the workers share (a metric made earlier would not be shared).
-    from sidecar import metrics
-
-    reason = exc.slug
-    metrics.AUTH_FAILURES.labels(reason).inc()
-    log.warning(
-        "authentication refused: %s (route %s, client %s%s)",
-        exc.detail,
-        route,
-        client or "unknown",
-        f", token {token!r}" if token else "",
-    )
 
 
 class TokenTable:

@@ -279,9 +279,7 @@ def serve(
 @click.option("--vacuum", is_flag=True, help="Also give the freed pages back to the disk.")
 def purge(vacuum: bool) -> None:
     """Delete every expired record now (SQLite, PostgreSQL; Redis expires keys by itself)."""
-    from sidecar.store import store_from_url
-    from sidecar.store.postgres import PostgresStore
-    from sidecar.store.sqlite import SQLiteStore
+    from sidecar.store import Compactable, Sweepable, sqlite_path, store_from_url
 
     try:
         settings = load_settings()
@@ -292,19 +290,19 @@ def purge(vacuum: bool) -> None:
     except StoreUnavailable as exc:
         click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
         sys.exit(3)
-    if not isinstance(store, SQLiteStore | PostgresStore):
+    if not isinstance(store, Sweepable):
         click.echo("redis expires every key by its TTL: nothing to purge")
         return
     total = 0
     try:
         while n := store.sweep():
             total += n
-        if vacuum and isinstance(store, SQLiteStore):
+        if vacuum and isinstance(store, Compactable):
             store.vacuum()
     except StoreUnavailable as exc:
         click.echo(f"loopstop: store unavailable: {exc.detail}", err=True)
         sys.exit(3)
-    where = store.path if isinstance(store, SQLiteStore) else _redacted_store(settings.store)
+    where = sqlite_path(settings.store) or _redacted_store(settings.store)
     click.echo(f"purged {total} expired record(s) from {where}")
 
 

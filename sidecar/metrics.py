@@ -1,9 +1,20 @@
-"""Prometheus metrics (``prometheus-client``), correct across gunicorn workers.
+"""Prometheus metrics (``prometheus-client``), built per app and correct across
+gunicorn workers.
+
+:func:`sidecar.app.create_app` builds one :class:`Metrics` (its own
+:class:`~prometheus_client.CollectorRegistry`) and passes it down: views read
+it from the runtime, services get it at construction, and the store reports
+its round trips and conflicts to two of its counters through the callbacks
+it was built with (:class:`sidecar.store.StoreEvents`). Importing this module
+creates no metric, so two apps in one process count apart and every test
+gets fresh counters.
 
 ``loopstop serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a private folder
-before the workers start; each worker writes its samples there and
-``/metrics`` aggregates them (the library's multiprocess mode). Without that
-variable (tests, a single process) the default registry is used.
+before it imports this module (prometheus-client reads the variable when it
+is imported) and before the workers start; each worker writes its samples
+there and ``/metrics`` aggregates them (the library's multiprocess mode).
+Without that variable (tests, a single process) ``/metrics`` reads the
+app's own registry.
 
 Metric names (all prefixed ``loopstop_``):
 
@@ -13,7 +24,7 @@ Metric names (all prefixed ``loopstop_``):
 ``task_envelopes_total{status,reason}`` tasks ended, by terminal status/reason
 ``invalid_markers_total``               markers that did not verify
 ``store_errors_total``                  requests answered 503 (store unavailable)
-``store_round_trips_total``             round trips to a Redis store
+``store_round_trips_total``             round trips to a Redis or PostgreSQL store
 ``store_conflicts_total``               compare-and-sets that found a change
 ``model_turns_total{decision}``         model-gate turns admitted / denied
 ``model_tokens_total``                  tokens the upstream model reported
@@ -38,11 +49,10 @@ number stays bounded.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    REGISTRY,
     CollectorRegistry,
     Counter,
     Histogram,
@@ -52,115 +62,155 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-DECISIONS = Counter(
-    "loopstop_decisions_total",
-    "Decisions made, by route, decision and reason.",
-    ["route", "decision", "reason"],
-)
-LATENCY = Histogram(
-    "loopstop_decision_seconds",
-    "Time to decide, by route.",
-    ["route"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-)
-ENVELOPES = Counter(
-    "loopstop_task_envelopes_total",
-    "Tasks ended, by terminal status and reason.",
-    ["status", "reason"],
-)
-INVALID_MARKERS = Counter(
-    "loopstop_invalid_markers_total", "Markers found in events that did not verify."
-)
-STORE_ERRORS = Counter(
-    "loopstop_store_errors_total", "Requests answered 503 because the store failed."
-)
-MODEL_TURNS = Counter(
-    "loopstop_model_turns_total", "Model-gate turns, admitted or denied.", ["decision"]
-)
-STORE_ROUND_TRIPS = Counter(
-    "loopstop_store_round_trips_total",
-    "Requests sent to a Redis or PostgreSQL store (one per round trip).",
-)
-STORE_CONFLICTS = Counter(
-    "loopstop_store_conflicts_total",
-    "Compare-and-sets (Redis, PostgreSQL) that found a document changed since it was read "
-    "(the transaction re-ran on the current documents).",
-)
-TASK_OUTLIERS = Counter(
-    "loopstop_task_outliers_total",
-    "Running tasks flagged as outliers (past outliers.factor x the workflow's mean), "
-    "by measure and configured action.",
-    ["measure", "action"],
-)
-N8N_CANCELLATIONS = Counter(
-    "loopstop_n8n_cancellations_total",
-    "Stops that asked n8n to stop executions, by stop kind and outcome "
-    "(confirmed, partial, failed, not_configured, nothing_to_stop).",
-    ["kind", "state"],
-)
-N8N_EXECUTIONS = Counter(
-    "loopstop_n8n_executions_stopped_total",
-    "Executions a stop asked n8n about, by result (stopped, finished, already_finished, "
-    "unconfirmed, not_found).",
-    ["result"],
-)
-MODEL_TOKENS = Counter(
-    "loopstop_model_tokens_total", "Tokens the upstream model reported through the gate."
-)
-
-AUTH_FAILURES = Counter(
-    "loopstop_auth_failures_total",
-    "Requests refused for authentication: missing or unknown token, foreign "
-    "origin or host, bad CSRF token, caller not on loopback.",
-    ["reason"],
-)
-
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: Where ``loopstop serve`` has its workers write their samples.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def _known_reasons() -> frozenset[str]:
-    """Every decision and reason the product names: the members of its enums."""
-    from sidecar.auth import LoginDecision
-    from sidecar.core import tasks
-    from sidecar.core.chains import ActivationDecision, ActivationReason, EffectDecision
-    from sidecar.core.check_verdicts import CheckDecision, CheckReason
-    from sidecar.core.operations import (
-        BeginDecision,
-        BeginReason,
-        FailOutcome,
-        OperationState,
-        ReconcileOutcome,
-    )
-    from sidecar.core.stops import StopDecision
+class Metrics:
+    """Every counter and histogram of one app, on a registry of its own.
 
-    enums = (
-        CheckDecision,
-        CheckReason,
-        ActivationDecision,
-        ActivationReason,
-        EffectDecision,
-        StopDecision,
-        LoginDecision,
-        *tasks.DECISION_ENUMS,
-        BeginDecision,
-        BeginReason,
-        FailOutcome,
-        OperationState,
-        ReconcileOutcome,
-    )
-    return frozenset(str(member) for enum in enums for member in enum)
+    :param known_labels: the decisions and reasons the product names (the
+        members of its enums): :meth:`label` keeps them, anything else is
+        counted as ``other``.
 
+    With :data:`MULTIPROC_ENV` set in the process's environment (where
+    prometheus-client itself reads it), ``/metrics`` aggregates the samples
+    every worker wrote to that folder.
+    """
 
-_KNOWN: frozenset[str] | None = None
+    content_type = CONTENT_TYPE_LATEST
 
+    def __init__(self, known_labels: Iterable[str] = ()) -> None:
+        self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
+        self.registry = CollectorRegistry()
+        self._known = frozenset(known_labels) | {""}
+        r = self.registry
+        self.decisions = Counter(
+            "loopstop_decisions_total",
+            "Decisions made, by route, decision and reason.",
+            ["route", "decision", "reason"],
+            registry=r,
+        )
+        self.decision_seconds = Histogram(
+            "loopstop_decision_seconds",
+            "Time to decide, by route.",
+            ["route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.task_envelopes = Counter(
+            "loopstop_task_envelopes_total",
+            "Tasks ended, by terminal status and reason.",
+            ["status", "reason"],
+            registry=r,
+        )
+        self.invalid_markers = Counter(
+            "loopstop_invalid_markers_total",
+            "Markers found in events that did not verify.",
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "loopstop_store_errors_total",
+            "Requests answered 503 because the store failed.",
+            registry=r,
+        )
+        self.model_turns = Counter(
+            "loopstop_model_turns_total",
+            "Model-gate turns, admitted or denied.",
+            ["decision"],
+            registry=r,
+        )
+        self.store_round_trips = Counter(
+            "loopstop_store_round_trips_total",
+            "Requests sent to a Redis or PostgreSQL store (one per round trip).",
+            registry=r,
+        )
+        self.store_conflicts = Counter(
+            "loopstop_store_conflicts_total",
+            "Compare-and-sets (Redis, PostgreSQL) that found a document changed since it was "
+            "read (the transaction re-ran on the current documents).",
+            registry=r,
+        )
+        self.task_outliers = Counter(
+            "loopstop_task_outliers_total",
+            "Running tasks flagged as outliers (past outliers.factor x the workflow's mean), "
+            "by measure and configured action.",
+            ["measure", "action"],
+            registry=r,
+        )
+        self.n8n_cancellations = Counter(
+            "loopstop_n8n_cancellations_total",
+            "Stops that asked n8n to stop executions, by stop kind and outcome "
+            "(confirmed, partial, failed, not_configured, nothing_to_stop).",
+            ["kind", "state"],
+            registry=r,
+        )
+        self.n8n_executions = Counter(
+            "loopstop_n8n_executions_stopped_total",
+            "Executions a stop asked n8n about, by result (stopped, finished, "
+            "already_finished, unconfirmed, not_found).",
+            ["result"],
+            registry=r,
+        )
+        self.model_tokens = Counter(
+            "loopstop_model_tokens_total",
+            "Tokens the upstream model reported through the gate.",
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "loopstop_auth_failures_total",
+            "Requests refused for authentication: missing or unknown token, foreign "
+            "origin or host, bad CSRF token, caller not on loopback.",
+            ["reason"],
+            registry=r,
+        )
 
-def label(value: str) -> str:
-    """A decision or reason as a label value: one of the product's own names, else
-    ``other`` (an operator's free-text stop reason must not become a series)."""
-    global _KNOWN
-    if _KNOWN is None:
-        _KNOWN = _known_reasons() | {""}
-    return value if value in _KNOWN else "other"
+    def label(self, value: str) -> str:
+        """A decision or reason as a label value: one of the product's own names, else
+        ``other`` (an operator's free-text stop reason must not become a series)."""
+        return value if value in self._known else "other"
+
+    def exposition(
+        self,
+        count_unknown: Callable[[], int],
+        count_open: Callable[[], int] | None = None,
+        count_long: Callable[[], int] | None = None,
+    ) -> bytes:
+        """The text exposition of every metric (aggregated over all workers in
+        multiprocess mode), and the gauges read from the store now."""
+        if self.multiprocess_dir:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(  # type: ignore[no-untyped-call]
+                registry, self.multiprocess_dir
+            )
+            samples = generate_latest(registry)
+        else:
+            samples = generate_latest(self.registry)
+        gauge = CollectorRegistry()
+        gauge.register(
+            _StoreGauge(
+                "loopstop_operations_awaiting_reconciliation",
+                "Open operations whose outcome is unknown (production namespace).",
+                count_unknown,
+            )
+        )
+        if count_open is not None:
+            gauge.register(
+                _StoreGauge(
+                    "loopstop_operations_open",
+                    "Open operations, in progress or unknown (production namespace).",
+                    count_open,
+                )
+            )
+        if count_long is not None:
+            gauge.register(
+                _StoreGauge(
+                    "loopstop_tasks_running_long",
+                    "Running tasks older than outliers.running_s (production namespace).",
+                    count_long,
+                )
+            )
+        return samples + generate_latest(gauge)
 
 
 class _StoreGauge(Collector):
@@ -178,42 +228,3 @@ class _StoreGauge(Collector):
         except Exception:
             gauge.add_metric([], float("nan"))
         yield gauge
-
-
-def exposition(
-    count_unknown: Callable[[], int],
-    count_open: Callable[[], int] | None = None,
-    count_long: Callable[[], int] | None = None,
-) -> bytes:
-    """The text exposition of every metric, aggregated over all workers."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        samples = generate_latest(registry)
-    else:
-        samples = generate_latest(REGISTRY)
-    gauge = CollectorRegistry()
-    gauge.register(
-        _StoreGauge(
-            "loopstop_operations_awaiting_reconciliation",
-            "Open operations whose outcome is unknown (production namespace).",
-            count_unknown,
-        )
-    )
-    if count_open is not None:
-        gauge.register(
-            _StoreGauge(
-                "loopstop_operations_open",
-                "Open operations, in progress or unknown (production namespace).",
-                count_open,
-            )
-        )
-    if count_long is not None:
-        gauge.register(
-            _StoreGauge(
-                "loopstop_tasks_running_long",
-                "Running tasks older than outliers.running_s (production namespace).",
-                count_long,
-            )
-        )
-    return samples + generate_latest(gauge)

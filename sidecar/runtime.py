@@ -1,4 +1,4 @@
-"""The per-process runtime: settings, store, fingerprinter, tokens, services.
+"""The per-process runtime: settings, store, metrics, fingerprinter, tokens, services.
 
 Built once by :func:`sidecar.app.create_app` and kept in
 ``app.extensions["loopstop"]``; views reach it with :func:`runtime`.
@@ -14,6 +14,7 @@ from flask import current_app
 from sidecar.auth import TokenTable
 from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
+from sidecar.metrics import Metrics
 from sidecar.service.chains import ChainService
 from sidecar.service.check_service import CheckService
 from sidecar.service.model_gate import ModelGate
@@ -31,6 +32,7 @@ class Runtime:
 
     settings: Settings
     store: Store
+    metrics: Metrics
     fingerprinter: Fingerprinter
     tokens: TokenTable
     clock: Callable[[], float]

@@ -7,7 +7,6 @@ import re
 
 from flask import Blueprint, Response, g, jsonify
 
-from sidecar import metrics
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import (
     ActivationBody,
@@ -72,7 +71,7 @@ def activate() -> Response:
     )
     out = result.outcome
     if result.invalid_markers:
-        metrics.INVALID_MARKERS.inc(result.invalid_markers)
+        runtime().metrics.invalid_markers.inc(result.invalid_markers)
     log_decision(
         "activations",
         out.decision,

@@ -7,11 +7,10 @@ import hmac
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from sidecar import metrics
 from sidecar.api import openapi
+from sidecar.api.decisions import auth_failure
 from sidecar.api.models import Health, Ready, WhoAmI
 from sidecar.api.openapi import route
-from sidecar.auth import auth_failure
 from sidecar.errors import Unauthenticated
 from sidecar.runtime import runtime
 
@@ -69,12 +68,12 @@ def metrics_route() -> Response:
             raise exc
 
     return Response(
-        metrics.exposition(
+        rt.metrics.exposition(
             rt.overview.unknown_operations,
             rt.overview.open_operations,
             rt.overview.running_long_count,
         ),
-        content_type=metrics.CONTENT_TYPE,
+        content_type=rt.metrics.content_type,
     )
 
 

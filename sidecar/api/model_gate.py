@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from flask import Blueprint, Response, g, has_request_context, jsonify, request, stream_with_context
 
-from sidecar import metrics
 from sidecar.api.body import read_json_object
 from sidecar.api.decisions import log_decision
 from sidecar.core.tasks import TurnDecision
@@ -117,11 +116,12 @@ def lower_headers() -> dict[str, str]:
 
 
 def _log(record: TurnRecord) -> None:
+    metrics = runtime().metrics
     if record.task_id is not None:  # a tracked turn: refused, or admitted whatever followed
         deny = record.decision == TurnDecision.DENY
-        metrics.MODEL_TURNS.labels(str(TurnDecision.DENY if deny else TurnDecision.ADMIT)).inc()
+        metrics.model_turns.labels(str(TurnDecision.DENY if deny else TurnDecision.ADMIT)).inc()
     if record.tokens:
-        metrics.MODEL_TOKENS.inc(record.tokens)
+        metrics.model_tokens.inc(record.tokens)
     log_decision(
         "model_gate",
         record.decision,

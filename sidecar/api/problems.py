@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from sidecar import metrics
 from sidecar.errors import (
     PROBLEM_TYPE_PREFIX,
     LoopstopError,
@@ -45,11 +45,13 @@ def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> Re
     return resp
 
 
-def register(app: Flask, render_extra: Any) -> None:
+def register(app: Flask, render_extra: Any, on_store_error: Callable[[], None]) -> None:
     """Install the error handlers.
 
     :param render_extra: turns domain objects carried by an error (a
         record on a 409) into JSON (``(name, value, request) -> value``).
+    :param on_store_error: called once per request answered 503 because the
+        store failed (the app's ``store_errors`` counter).
     """
 
     @app.errorhandler(UpstreamError)
@@ -63,7 +65,7 @@ def register(app: Flask, render_extra: Any) -> None:
     def _domain(exc: LoopstopError) -> Response:
         if isinstance(exc, StoreUnavailable):
             log.warning("store unavailable: %s", exc.detail)
-            metrics.STORE_ERRORS.inc()
+            on_store_error()
         extra = {k: render_extra(k, v) for k, v in exc.extra.items()}
         resp = problem(exc.status, exc.slug, exc.title, exc.detail, **extra)
         if exc.status == 401:

@@ -36,9 +36,9 @@ from flask import (
     url_for,
 )
 
-from sidecar.api.decisions import log_decision
+from sidecar.api.decisions import auth_failure, log_decision
 from sidecar.api.models import nfc_name
-from sidecar.auth import ANONYMOUS, LoginDecision, Principal, auth_failure
+from sidecar.auth import ANONYMOUS, LoginDecision, Principal
 from sidecar.core.executions import CancellationState
 from sidecar.core.operations import OperationState, ReconcileOutcome
 from sidecar.core.stops import StopDecision

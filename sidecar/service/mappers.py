@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from sidecar import metrics
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.core import operations as ops_core
@@ -43,6 +42,7 @@ from sidecar.core.outliers import Exceeded
 from sidecar.core.stops import Stop, StopScope, covering
 from sidecar.core.tasks import Task
 from sidecar.errors import NotFound
+from sidecar.metrics import Metrics
 from sidecar.service import keys
 from sidecar.service.records import Mapper, Scoped, Txn
 from sidecar.service.task_watch import TaskWatch
@@ -140,6 +140,7 @@ class Tasks(Scoped[str, Task]):
     pointer when created, ended or resumed (the moments its retention
     changes); the envelope counter when it ends.
 
+    :ivar metrics: counts the tasks ended (``task_envelopes``).
     :ivar execution_id: the n8n execution acting (remembered for a task
         stop); bind it with :meth:`acting`.
     :ivar exceeded: the measures on which the task is an outlier now.
@@ -149,6 +150,7 @@ class Tasks(Scoped[str, Task]):
     watch: TaskWatch
     retention_s: float
     deadline_s: float
+    metrics: Metrics
     execution_id: str | None = None
     exceeded: tuple[Exceeded, ...] = ()
 
@@ -181,7 +183,8 @@ class Tasks(Scoped[str, Task]):
         txn.trim(keys.recent_tasks(ns), now - self.retention_s - self.deadline_s)
         if after.envelope is not None and (before is None or before.envelope is None):
             status, reason = str(after.envelope.status), str(after.envelope.reason)
-            txn.on_commit(lambda: metrics.ENVELOPES.labels(status, reason).inc())
+            envelopes = self.metrics.task_envelopes
+            txn.on_commit(lambda: envelopes.labels(status, reason).inc())
         moved = before is None or (before.envelope is None) != (after.envelope is None)
         if after.task_key is not None and moved:
             txn.put(

@@ -20,7 +20,6 @@ from typing import Any
 
 import requests
 
-from sidecar import metrics
 from sidecar.auth import Principal
 from sidecar.config import N8nConfig
 from sidecar.core import executions as core
@@ -32,6 +31,7 @@ from sidecar.core.executions import (
 )
 from sidecar.core.stops import Stop
 from sidecar.core.tasks import Task
+from sidecar.metrics import Metrics
 from sidecar.outbound.n8n_api import Execution, N8nClient, N8nError
 from sidecar.service import keys, records
 from sidecar.service.chains import ChainInfo, ChainService
@@ -127,6 +127,7 @@ class StopService:
     :param config: the ``n8n`` section (None: stops stay loopstop's own).
     :param workflow_ttl_s: how long a workflow stop's cancellation record is kept.
     :param clock: epoch seconds, for the record's ``at``.
+    :param metrics: counts the cancellations and the executions they asked about.
     :param sleep: waits between polls (tests keep the real one: n8n is real).
     """
 
@@ -139,6 +140,7 @@ class StopService:
         environ: Mapping[str, str],
         session: requests.Session,
         clock: Callable[[], float],
+        metrics: Metrics,
         *,
         workflow_ttl_s: float,
         task_ttl_s: float,
@@ -146,6 +148,7 @@ class StopService:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.chains = chains
         self.tasks = tasks
         self.workflow_ttl_s = workflow_ttl_s
@@ -479,9 +482,9 @@ class StopService:
     def record(self, ns: str, kind: str, ident: str, result: Cancellation, ttl_s: float) -> None:
         """Keep what the last cancellation of a stop confirmed (its own transaction)."""
         key = keys.cancellation(ns, kind, ident)
-        metrics.N8N_CANCELLATIONS.labels(kind, str(result.state)).inc()
+        self.metrics.n8n_cancellations.labels(kind, str(result.state)).inc()
         for r in result.executions:
-            metrics.N8N_EXECUTIONS.labels(str(r.result)).inc()
+            self.metrics.n8n_executions.labels(str(r.result)).inc()
 
         unconfirmed = any(r.result is Confirmation.UNCONFIRMED for r in result.executions)
 

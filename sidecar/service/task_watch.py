@@ -20,13 +20,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sidecar import metrics
 from sidecar.config import OutliersConfig
 from sidecar.core import executions as n8n_executions
 from sidecar.core import outliers
 from sidecar.core.executions import ExecutionMode
 from sidecar.core.outliers import OutlierAction, OutlierPolicy, Totals
 from sidecar.core.tasks import Task
+from sidecar.metrics import Metrics
 from sidecar.service import keys
 from sidecar.service.records import Txn
 from sidecar.store import Increment
@@ -51,12 +51,16 @@ class TaskWatch:
 
     :param retention_s: how long a finished workflow's totals are kept after
         the last task ended (the tasks' retention).
+    :param metrics: counts the tasks flagged as outliers.
     """
 
-    def __init__(self, config: OutliersConfig, retention_s: float, horizon_s: float) -> None:
+    def __init__(
+        self, config: OutliersConfig, retention_s: float, horizon_s: float, metrics: Metrics
+    ) -> None:
         self.policy = policy_of(config)
         self.retention_s = retention_s
         self.horizon_s = horizon_s
+        self.metrics = metrics
 
     @staticmethod
     def keys(ns: str, task_id: str, workflow: str | None) -> list[str]:
@@ -133,7 +137,7 @@ class TaskWatch:
             }
             doc["outlier"] = mark
             changed = True
-            txn.on_commit(lambda: _flagged(task, mark))
+            txn.on_commit(lambda: self._flagged(task, mark))
         if changed or (relive and doc):
             txn.put(watch_key, doc, ttl_s)
         if task.envelope is None:
@@ -149,22 +153,21 @@ class TaskWatch:
                 )
         txn.trim(keys.running_tasks(ns), now - self.horizon_s)
 
-
-def _flagged(task: Task, mark: Mapping[str, Any]) -> None:
-    """The decision-log line and the counter of a task flagged as an outlier."""
-    measures = [e["measure"] for e in mark["exceeded"]]
-    for measure in measures:
-        metrics.TASK_OUTLIERS.labels(measure, mark["action"]).inc()
-    if log.isEnabledFor(logging.INFO):
-        line = {
-            "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "event": "decision",
-            "route": "tasks.outlier",
-            "decision": "flagged",
-            "reason": "outlier",
-            "task_id": task.task_id,
-            "workflow": task.workflow,
-            "action": mark["action"],
-            "exceeded": mark["exceeded"],
-        }
-        log.info(json.dumps(line, separators=(",", ":"), default=str))
+    def _flagged(self, task: Task, mark: Mapping[str, Any]) -> None:
+        """The decision-log line and the counter of a task flagged as an outlier."""
+        measures = [e["measure"] for e in mark["exceeded"]]
+        for measure in measures:
+            self.metrics.task_outliers.labels(measure, mark["action"]).inc()
+        if log.isEnabledFor(logging.INFO):
+            line = {
+                "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "event": "decision",
+                "route": "tasks.outlier",
+                "decision": "flagged",
+                "reason": "outlier",
+                "task_id": task.task_id,
+                "workflow": task.workflow,
+                "action": mark["action"],
+                "exceeded": mark["exceeded"],
+            }
+            log.info(json.dumps(line, separators=(",", ":"), default=str))

@@ -27,6 +27,7 @@ from sidecar.core.tasks import (
     ToolResult,
 )
 from sidecar.errors import NotFound, ValidationFailed
+from sidecar.metrics import Metrics
 from sidecar.service import keys, mappers, records
 from sidecar.service.check_service import CheckService, check_input, verdict
 from sidecar.service.mappers import Tasks, covering_stop
@@ -43,6 +44,7 @@ class TaskService:
     """Runs task decisions as store transactions.
 
     :param operations: the ledger service (its plan keeps the open index in step).
+    :param metrics: counts tasks ended and tasks flagged as outliers.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class TaskService:
         operations: OperationService,
         checks: CheckService,
         clock: Callable[[], float],
+        metrics: Metrics,
     ) -> None:
         self.store = store
         self.fp = fingerprinter
@@ -74,9 +77,14 @@ class TaskService:
             settings.outliers,
             settings.tasks.retention_s,
             settings.tasks.retention_s + settings.limits.deadline_s,
+            metrics,
         )
         self.records = Tasks(
-            fingerprinter, self.watch, settings.tasks.retention_s, settings.limits.deadline_s
+            fingerprinter,
+            self.watch,
+            settings.tasks.retention_s,
+            settings.limits.deadline_s,
+            metrics,
         )
 
     # -- helpers -----------------------------------------------------------------

@@ -1,53 +1,85 @@
-"""Stores, chosen by URL in one factory (:func:`store_from_url`)."""
+"""Stores, chosen by URL scheme: one registry (:data:`SCHEMES`, as the
+``limits`` library keeps its storages) and one factory (:func:`store_from_url`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
+from urllib.parse import urlparse
 
 from sidecar.errors import ConfigError
 from sidecar.store.base import (
     SCHEMA_VERSION,
+    Compactable,
     Doc,
     Increment,
     IndexEntry,
     Plan,
     Snapshot,
     Store,
+    StoreEvents,
+    StoreOptions,
+    Sweepable,
     Write,
 )
+from sidecar.store.sqlite import sqlite_path
 
 __all__ = [
     "SCHEMA_VERSION",
     "SCHEMES",
+    "Compactable",
     "Doc",
     "Increment",
     "IndexEntry",
     "Plan",
     "Snapshot",
     "Store",
+    "StoreEvents",
+    "StoreOptions",
+    "Sweepable",
     "Write",
     "check_store_url",
     "sqlite_path",
+    "store_class",
     "store_from_url",
 ]
 
+#: Every store URL scheme and the class that opens it (``module:Class``). A
+#: class is imported when a URL of its scheme is first checked or opened, so
+#: a server on SQLite never imports redis-py or psycopg; each class names
+#: its schemes again in :attr:`Store.schemes`.
+SCHEMES: Mapping[str, str] = MappingProxyType(
+    {
+        "sqlite": "sidecar.store.sqlite:SQLiteStore",
+        "redis": "sidecar.store.redis:RedisStore",
+        "rediss": "sidecar.store.redis:RedisStore",
+        "redis+sentinel": "sidecar.store.redis:RedisStore",
+        "postgresql": "sidecar.store.postgres:PostgresStore",
+        "postgres": "sidecar.store.postgres:PostgresStore",
+    }
+)
 
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URL, None for any other scheme.
 
-    ``sqlite:///./loopstop.db`` is relative to the working directory,
-    ``sqlite:////var/lib/loopstop/loopstop.db`` absolute (SQLAlchemy's form).
+def store_class(scheme: str) -> type[Store]:
+    """The store class registered for ``scheme``.
+
+    :raises ConfigError: an unknown scheme.
     """
-    parsed = urlparse(url)
-    if parsed.scheme != "sqlite":
-        return None
-    path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
-    return Path(path or "loopstop.db")
-
-
-#: The schemes :func:`store_from_url` opens.
-SCHEMES = ("sqlite", "redis", "rediss", "redis+sentinel", "postgresql", "postgres")
+    target = SCHEMES.get(scheme)
+    if target is None:
+        raise ConfigError(
+            [
+                (
+                    "store",
+                    f"unknown store scheme {scheme!r}: use sqlite:///, redis://, "
+                    "redis+sentinel:// or postgresql://",
+                )
+            ]
+        )
+    module, _, name = target.partition(":")
+    cls: type[Store] = getattr(importlib.import_module(module), name)
+    return cls
 
 
 def check_store_url(url: str) -> None:
@@ -56,60 +88,7 @@ def check_store_url(url: str) -> None:
     :raises ConfigError: an unknown scheme, a malformed SQLite or Sentinel
         URL or an unknown or malformed parameter.
     """
-    parsed = urlparse(url)
-    query = parse_qs(parsed.query)
-    numeric = set(query)
-    if parsed.scheme == "sqlite":
-        if parsed.netloc:
-            raise ConfigError(
-                [
-                    (
-                        "store",
-                        f"{url!r}: write sqlite:///relative/path.db or "
-                        "sqlite:////absolute/path.db (three or four slashes)",
-                    )
-                ]
-            )
-        allowed = {"busy_timeout_s"}
-    elif parsed.scheme in ("redis", "rediss", "redis+sentinel"):
-        allowed = {"socket_timeout_s", "connect_timeout_s"}
-        if parsed.scheme == "redis+sentinel":
-            from sidecar.store.redis import parse_sentinel_url
-
-            try:
-                parse_sentinel_url(url.split("?", 1)[0])
-            except ValueError as exc:
-                raise ConfigError([("store", f"redis+sentinel URL: {exc}")]) from None
-    elif parsed.scheme in ("postgresql", "postgres"):
-        # libpq's own parameters (sslmode, ...) pass through; these are the store's.
-        from sidecar.store.postgres import PARAMS
-
-        allowed = set(query)
-        numeric = set(query) & (PARAMS - {"isolation"})
-        isolation = query.get("isolation", ["cas"])[-1]
-        if isolation not in ("cas", "serializable"):
-            raise ConfigError([("store", "isolation must be cas or serializable")])
-        if "pool_size" in query and not query["pool_size"][-1].isdigit():
-            raise ConfigError([("store", "pool_size must be a positive integer")])
-    else:
-        raise ConfigError(
-            [
-                (
-                    "store",
-                    f"unknown store scheme {parsed.scheme!r}: use sqlite:///, redis://, "
-                    "redis+sentinel:// or postgresql://",
-                )
-            ]
-        )
-    unknown = set(query) - allowed
-    if unknown:
-        raise ConfigError([("store", f"unknown {parsed.scheme} parameter(s): {sorted(unknown)}")])
-    for name in numeric:
-        try:
-            if float(query[name][-1]) <= 0:
-                raise ValueError
-        except ValueError:
-            raise ConfigError([("store", f"{name} must be a positive number")]) from None
+    store_class(urlparse(url).scheme).check_url(url)
 
 
 def store_from_url(
@@ -118,6 +97,7 @@ def store_from_url(
     timeout_s: float = 2.0,
     wait_replicas: int = 0,
     policy_check_s: float = 5.0,
+    events: StoreEvents | None = None,
 ) -> Store:
     """Open the store a URL names.
 
@@ -128,24 +108,12 @@ def store_from_url(
         (Redis and PostgreSQL; SQLite waits ``busy_timeout_s`` for its lock).
     :param wait_replicas: Redis replicas that must acknowledge each write.
     :param policy_check_s: seconds between checks of Redis's eviction policy.
+    :param events: where the store reports round trips and conflicts (the
+        app's metrics); none by default.
     :raises ConfigError: for an unknown scheme or a bad parameter.
     :raises StoreUnavailable: when a SQLite file cannot be opened.
     """
-    check_store_url(url)
-    parsed = urlparse(url)
-    if parsed.scheme == "sqlite":
-        from sidecar.store.sqlite import SQLiteStore
-
-        path = sqlite_path(url)
-        assert path is not None
-        busy = float(parse_qs(parsed.query).get("busy_timeout_s", ["5"])[-1])
-        return SQLiteStore(path, busy_timeout_s=busy)
-    if parsed.scheme in ("postgresql", "postgres"):
-        from sidecar.store.postgres import PostgresStore
-
-        return PostgresStore(url, timeout_s=timeout_s)
-    from sidecar.store.redis import RedisStore
-
-    return RedisStore(
-        url, timeout_s=timeout_s, wait_replicas=wait_replicas, policy_check_s=policy_check_s
-    )
+    cls = store_class(urlparse(url).scheme)
+    cls.check_url(url)
+    options = StoreOptions(timeout_s, wait_replicas, policy_check_s, events or StoreEvents())
+    return cls.from_url(url, options)

@@ -6,7 +6,9 @@ function that returns a :class:`Plan` (the documents to write or delete and
 the sorted-set index entries to add or remove), and applies the plan
 atomically: either every write lands or none does, and no other
 transaction changed what was read in between. Policy never lives here; the
-function passed in decides.
+function passed in decides. What a transaction reads and decides (the
+snapshot, the plan and its parts, the stored JSON text) is in
+:mod:`.plan`; this module re-exports it beside the interface.
 
 Indexes are sorted sets of ``(score, member)`` used for bounded, paginated
 listings (the reconciliation queue). TTLs are retention only: the policy
@@ -15,7 +17,13 @@ an expiry that is late by a sweep interval changes no decision.
 
 Method set (stated once, implemented by :mod:`.sqlite`, :mod:`.redis` and
 :mod:`.postgres`): ``transact``, ``get_many``, ``index_page``,
-``index_count``, ``ping``, ``ensure_schema``, ``close``.
+``index_count``, ``ping``, ``ensure_schema``, ``close``; each backend also
+opens itself from a URL (:meth:`Store.from_url`, chosen by scheme in
+:mod:`sidecar.store`). A backend that deletes expired rows on demand is
+:class:`Sweepable`, one whose file can shrink :class:`Compactable`
+(``loopstop purge [--vacuum]``). A store reports its round trips and
+conflicts to the callbacks it is built with (:class:`StoreEvents`); it
+imports no metrics.
 
 Every store carries an *identity*: a random id written once, when the store
 is initialised, beside the schema version. A store object that has seen it
@@ -31,22 +39,51 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-import json
 import logging
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, Protocol, runtime_checkable
+from urllib.parse import parse_qs, urlparse
 
-import orjson
+from sidecar.errors import ConfigError, SchemaMismatch, StoreUnavailable
+from sidecar.store.plan import (
+    Doc,
+    Increment,
+    IndexEntry,
+    Plan,
+    Snapshot,
+    T,
+    TxnFn,
+    Write,
+    decode_doc,
+    encode_doc,
+)
 
-from sidecar.errors import SchemaMismatch, StoreUnavailable
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Compactable",
+    "Doc",
+    "Increment",
+    "IndexEntry",
+    "Migration",
+    "Plan",
+    "Snapshot",
+    "Store",
+    "StoreEvents",
+    "StoreOptions",
+    "Sweepable",
+    "T",
+    "TxnFn",
+    "Write",
+    "check_parameters",
+    "decode_doc",
+    "encode_doc",
+]
 
 log = logging.getLogger("loopstop.store")
-
-T = TypeVar("T")
-Doc = dict[str, Any]
 
 #: The layout version this code reads and writes. Bump it with a migration.
 SCHEMA_VERSION = 1
@@ -62,159 +99,84 @@ Migration = Callable[["Store"], None]
 MIGRATIONS: dict[int, Migration] = {}
 
 
-def encode_doc(doc: Any) -> str:
-    """A document as compact JSON text (UTF-8, no spaces), as stored.
-
-    orjson writes it (a task document with its 200-call history is ~35 KB:
-    about 15 us against 230 us for the standard library); the rare document
-    orjson refuses, such as one holding an integer past 64 bits (request
-    bodies may carry them) or a lone surrogate, is written by
-    :func:`json.dumps` instead, ASCII-escaped, so every value is stored
-    exactly. Documents are read back with :func:`json.loads` (orjson would
-    turn such an integer into a float). Documents never hold NaN or
-    Infinity: the configuration and request bodies refuse them (orjson
-    would write ``null``).
-
-    :raises TypeError: when neither can encode ``doc``.
-    """
-    try:
-        return orjson.dumps(doc).decode()
-    except TypeError:
-        return json.dumps(doc, separators=(",", ":"))
-
-
-def decode_doc(key: str, text: str | bytes) -> Any:
-    """A stored document read back (:func:`json.loads`).
-
-    :raises StoreUnavailable: the stored text is not JSON (damaged, or written
-        by something else): a store that returns what it was not given fails
-        closed, as one that does not answer.
-    """
-    try:
-        return json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise StoreUnavailable(f"the document stored at {key!r} is not JSON") from exc
+def _nothing() -> None:
+    """No one listens."""
 
 
 @dataclass(frozen=True)
-class Write:
-    """A document to put (``doc``) or delete (``doc=None``).
+class StoreEvents:
+    """What a store reports while it works, to callbacks its builder gives (the
+    app's metrics, a test's tally); each does nothing unless given.
 
-    :ivar ttl_s: seconds until the store may forget it; None keeps it until
-        a later transaction changes it.
+    :ivar round_trip: called once per request sent to a networked store (Redis,
+        PostgreSQL), a compare-and-set that lost included.
+    :ivar conflict: called once per compare-and-set that found a document
+        changed since it was read (the transaction then re-runs on the current
+        documents).
     """
 
-    doc: Doc | None
-    ttl_s: float | None = None
+    round_trip: Callable[[], None] = _nothing
+    conflict: Callable[[], None] = _nothing
 
 
 @dataclass(frozen=True)
-class IndexEntry:
-    """Add ``member`` to ``index`` with ``score``, or remove it when ``score`` is None."""
+class StoreOptions:
+    """What the configuration says about a store besides its URL; each backend
+    reads what applies to it.
 
-    index: str
-    member: str
-    score: float | None
-
-
-@dataclass(frozen=True)
-class Increment:
-    """Add ``delta`` to the number at ``field`` of a document, applied at commit.
-
-    The document is created as ``{field: delta}`` when absent. Increments of
-    one key commute: the store applies each to the value the key has at
-    commit, so concurrent ones never conflict and none is lost (Redis:
-    inside the compare-and-set script; SQLite: inside the write
-    transaction). Keep such documents to counters below 10^14: Redis's
-    script re-encodes the whole document with 14 significant digits.
-    A plan with increments must also write a document of its own, so that
-    a commit whose answer timed out can be recognized (see ``transact``).
-
-    :ivar ttl_s: seconds until the store may forget the document; None keeps it.
+    :ivar timeout_s: the deadline of one call (a decision), seconds (Redis and
+        PostgreSQL; SQLite waits its URL's ``busy_timeout_s`` for the lock).
+    :ivar wait_replicas: Redis replicas that must acknowledge each write.
+    :ivar policy_check_s: seconds between checks of Redis's eviction policy.
+    :ivar events: where the store reports round trips and conflicts.
     """
 
-    field: str
-    delta: int = 1
-    ttl_s: float | None = None
+    timeout_s: float = 2.0
+    wait_replicas: int = 0
+    policy_check_s: float = 5.0
+    events: StoreEvents = field(default_factory=StoreEvents)
 
 
-@dataclass
-class Plan(Generic[T]):
-    """What a transaction function decided: the value to return and the changes.
+@runtime_checkable
+class Sweepable(Protocol):
+    """A store that keeps expired rows until they are deleted (SQLite,
+    PostgreSQL); Redis expires keys by itself and is not one."""
 
-    :ivar result: returned by :meth:`Store.transact` once the plan is applied.
-    :ivar writes: key -> :class:`Write`. Every written key must have been
-        read through the snapshot (so the compare-and-set covers it).
-    :ivar index: index entries to add or remove.
-    :ivar trims: ``(index, score)``: remove every member scored below ``score``
-        (keeps "recent" indexes bounded to what is still alive).
-    :ivar on_commit: called once after the plan committed (never when it did
-        not, nor for a discarded attempt): counters of what actually happened.
-    :ivar increments: key -> :class:`Increment`, applied to the key's value at
-        commit; such a key need not have been read.
-    :ivar unchecked: keys the transaction read but the compare-and-set leaves
-        out: the decision tolerates them having changed meanwhile (counters
-        that only concurrent increments change). They must not be written.
+    def sweep(self, limit: int = ...) -> int:
+        """Delete up to ``limit`` expired documents now; returns how many went."""
+        ...
+
+
+@runtime_checkable
+class Compactable(Protocol):
+    """A store whose file can give the pages a sweep freed back to the disk (SQLite)."""
+
+    def vacuum(self) -> None:
+        """Rebuild the file now (blocks writers meanwhile)."""
+        ...
+
+
+def check_parameters(
+    url: str, allowed: Iterable[str] | None, numeric: Iterable[str] | None = None
+) -> dict[str, list[str]]:
+    """The query parameters of a store URL, checked: each one ``allowed`` (None:
+    any) and each of ``numeric`` (None: every one) a positive number.
+
+    :returns: the parsed query (``parse_qs``).
+    :raises ConfigError: an unknown parameter or one that is not a positive number.
     """
-
-    result: T
-    writes: dict[str, Write] = field(default_factory=dict)
-    index: list[IndexEntry] = field(default_factory=list)
-    trims: list[tuple[str, float]] = field(default_factory=list)
-    on_commit: list[Callable[[], None]] = field(default_factory=list)
-    increments: dict[str, Increment] = field(default_factory=dict)
-    unchecked: set[str] = field(default_factory=set)
-
-    def check(self) -> None:
-        """Refuse a plan no store can apply safely (stores call this before applying).
-
-        :raises RuntimeError: a key both written and incremented or left
-            unchecked; increments without a document of the plan's own (a
-            commit whose answer timed out could not be recognized, and would
-            be applied twice).
-        """
-        for key in self.writes:
-            if key in self.unchecked or key in self.increments:
-                raise RuntimeError(f"transaction wrote {key!r}, which it left unchecked")
-        if self.increments and not self.writes:
-            raise RuntimeError("a plan with increments must also write a document")
-
-    def committed(self) -> T:
-        """Run the ``on_commit`` callbacks and return the result (stores call this)."""
-        for callback in self.on_commit:
-            callback()
-        return self.result
-
-
-class Snapshot:
-    """The documents a transaction has read; reading a new key loads it.
-
-    Keys named up front are loaded in one round trip; a key first read
-    inside the function costs one more (declare keys up front where known).
-    """
-
-    def __init__(self, loaded: Mapping[str, Doc | None], load: Callable[[list[str]], None]):
-        self._docs = loaded
-        self._load = load
-
-    def get(self, key: str) -> Doc | None:
-        """The document at ``key`` as read in this transaction, or None."""
-        if key not in self._docs:
-            self._load([key])
-        return self._docs[key]
-
-    def prefetch(self, keys: Iterable[str]) -> None:
-        """Read every key of ``keys`` not read yet, together (one round trip),
-        when a function learns several keys at once from what it read."""
-        fresh = [k for k in dict.fromkeys(keys) if k not in self._docs]
-        if fresh:
-            self._load(fresh)
-
-    def has_read(self, key: str) -> bool:
-        return key in self._docs
-
-
-TxnFn = Callable[[Snapshot], Plan[T]]
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    unknown = set() if allowed is None else set(query) - set(allowed)
+    if unknown:
+        raise ConfigError([("store", f"unknown {parsed.scheme} parameter(s): {sorted(unknown)}")])
+    for name in query if numeric is None else set(numeric) & set(query):
+        try:
+            if float(query[name][-1]) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError([("store", f"{name} must be a positive number")]) from None
+    return query
 
 
 #: Methods of a backend that meet the driver (every public one, and the meta
@@ -270,6 +232,25 @@ class Store(abc.ABC):
     backend: str = "abstract"
     #: The driver's exceptions that mean "the store cannot answer".
     driver_errors: tuple[type[BaseException], ...] = ()
+    #: The URL schemes this backend opens (:data:`sidecar.store.SCHEMES` maps
+    #: each of them to this class).
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        """Validate a URL of this backend without opening anything.
+
+        :raises ConfigError: a malformed URL or an unknown or bad parameter.
+        """
+        check_parameters(url, ())
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, options: StoreOptions) -> Store:
+        """Open the store ``url`` names (:meth:`check_url` has accepted it).
+
+        :raises StoreUnavailable: when a store that opens eagerly cannot be opened.
+        """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -30,8 +30,22 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
-from sidecar.store.base import META_ID, Doc, Plan, Snapshot, Store, T, TxnFn, decode_doc, encode_doc
+from sidecar.errors import ConfigError
+from sidecar.store.base import (
+    META_ID,
+    Doc,
+    Plan,
+    Snapshot,
+    Store,
+    StoreOptions,
+    T,
+    TxnFn,
+    check_parameters,
+    decode_doc,
+    encode_doc,
+)
 
 log = logging.getLogger("loopstop.store")
 
@@ -57,6 +71,19 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 SWEEP_BATCH = 1000
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL, None for any other scheme.
+
+    ``sqlite:///./loopstop.db`` is relative to the working directory,
+    ``sqlite:////var/lib/loopstop/loopstop.db`` absolute (SQLAlchemy's form).
+    """
+    parsed = urlparse(url)
+    if parsed.scheme != "sqlite":
+        return None
+    path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+    return Path(path or "loopstop.db")
+
+
 class SQLiteStore(Store):
     """The store on one SQLite file, shared safely by threads and processes.
 
@@ -70,6 +97,37 @@ class SQLiteStore(Store):
 
     backend = "sqlite"
     driver_errors = (sqlite3.Error,)
+    schemes = ("sqlite",)
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        """``sqlite:///path[?busy_timeout_s=5]`` (three or four slashes).
+
+        :raises ConfigError: a host in the URL, an unknown or bad parameter.
+        """
+        if urlparse(url).netloc:
+            raise ConfigError(
+                [
+                    (
+                        "store",
+                        f"{url!r}: write sqlite:///relative/path.db or "
+                        "sqlite:////absolute/path.db (three or four slashes)",
+                    )
+                ]
+            )
+        check_parameters(url, {"busy_timeout_s"})
+
+    @classmethod
+    def from_url(cls, url: str, options: StoreOptions) -> SQLiteStore:
+        """The file's store; it reports no round trips (no network) and no
+        conflicts (one writer at a time).
+
+        :raises StoreUnavailable: when the file cannot be opened.
+        """
+        path = sqlite_path(url)
+        assert path is not None
+        busy = float(parse_qs(urlparse(url).query).get("busy_timeout_s", ["5"])[-1])
+        return cls(path, busy_timeout_s=busy)
 
     def __init__(
         self,

@@ -46,20 +46,6 @@ def test_every_docs_page_is_in_the_navigation() -> None:
     assert not missing, f"pages missing from mkdocs.yml nav: {sorted(missing)}"
 
 
-#: The longest a module of the core may be: past it, a module is split along
-#: its seams (as sidecar/core/tasks, chains and operations are).
-CORE_MODULE_MAX_LINES = 600
-
-
-def test_no_core_module_is_over_the_limit() -> None:
-    lengths = {
-        p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
-        for p in (ROOT / "sidecar" / "core").rglob("*.py")
-    }
-    over = {path: n for path, n in lengths.items() if n > CORE_MODULE_MAX_LINES}
-    assert not over, f"core modules over {CORE_MODULE_MAX_LINES} lines: {over}"
-
-
 def test_the_design_table_of_rules_names_every_core_module_and_only_real_files() -> None:
     page = (DOCS / "design.md").read_text()
     table = page[page.index("### Where each rule is decided") :]

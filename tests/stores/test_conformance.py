@@ -7,13 +7,26 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from conftest import PostgresServer, RedisServer
-from sidecar import metrics
 from sidecar.errors import ConfigError, SchemaMismatch, StoreUnavailable
-from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write, store_from_url
+from sidecar.store import (
+    SCHEMES,
+    Compactable,
+    Increment,
+    IndexEntry,
+    Plan,
+    Snapshot,
+    Store,
+    StoreEvents,
+    Sweepable,
+    Write,
+    store_class,
+    store_from_url,
+)
 from sidecar.store.base import SCHEMA_VERSION, Doc, T, TxnFn
 from sidecar.store.postgres import LOCK_CLASS, PostgresStore
 from sidecar.store.redis import RedisStore
@@ -23,6 +36,22 @@ pytestmark = pytest.mark.all_stores  # they face the store: every backend
 
 def put(store: Store, key: str, doc: dict | None, ttl_s: float | None = None) -> None:
     store.transact([key], lambda snap: Plan(None, {key: Write(doc, ttl_s)}))
+
+
+class Tally:
+    """Counts what stores built with :attr:`events` report (the app's metrics count
+    the same callbacks)."""
+
+    def __init__(self) -> None:
+        self.round_trips = 0
+        self.conflicts = 0
+        self.events = StoreEvents(round_trip=self._round_trip, conflict=self._conflict)
+
+    def _round_trip(self) -> None:
+        self.round_trips += 1
+
+    def _conflict(self) -> None:
+        self.conflicts += 1
 
 
 def test_transaction_writes_and_reads_back(store: Store) -> None:
@@ -256,6 +285,70 @@ def test_unknown_scheme_is_config_error() -> None:
         store_from_url("sqlite:///x.db?bogus=1")
 
 
+def test_every_registered_scheme_opens_a_store_class_that_names_it() -> None:
+    """The registry maps each scheme to a class of the interface, and that class
+    lists the scheme among its own (a scheme added in one place only is caught)."""
+    classes = {store_class(scheme) for scheme in SCHEMES}
+    assert {c.backend for c in classes} == {"sqlite", "redis", "postgresql"}
+    for scheme in SCHEMES:
+        cls = store_class(scheme)
+        assert issubclass(cls, Store) and scheme in cls.schemes, scheme
+    assert {s for c in classes for s in c.schemes} == set(SCHEMES)
+
+
+def test_purge_finds_its_stores_by_capability(tmp_path: Path) -> None:
+    """`loopstop purge` sweeps the stores that keep expired rows (SQLite, PostgreSQL)
+    and vacuums SQLite's file; Redis is neither (it expires keys by itself)."""
+    from sidecar.store.sqlite import SQLiteStore
+
+    assert issubclass(SQLiteStore, Sweepable) and issubclass(SQLiteStore, Compactable)
+    assert issubclass(PostgresStore, Sweepable) and not issubclass(PostgresStore, Compactable)
+    assert not issubclass(RedisStore, Sweepable) and not issubclass(RedisStore, Compactable)
+    sqlite = store_from_url(f"sqlite:///{tmp_path / 'l.db'}")
+    assert isinstance(sqlite, Sweepable) and sqlite.sweep() == 0
+    sqlite.close()
+
+
+def test_postgres_deadlines_end_a_connection_only_past_its_deadline() -> None:
+    """The deadline of a call ends its connection (the socket shut down: the peer
+    reads the end of the stream) once passed, and never after the call disarmed it."""
+    import socket
+
+    from sidecar.store.postgres.connection import Deadlines
+
+    deadlines = Deadlines()
+    late, peer_of_late = socket.socketpair()
+    kept, peer_of_kept = socket.socketpair()
+    try:
+        deadlines.arm(late, time.monotonic() + 0.05)  # type: ignore[arg-type]
+        deadlines.arm(kept, time.monotonic() + 0.05)  # type: ignore[arg-type]
+        assert deadlines.disarm(kept) is False  # the call ended in time
+        peer_of_late.settimeout(2.0)
+        started = time.monotonic()
+        assert peer_of_late.recv(1) == b""  # the end of the stream, at the deadline
+        assert time.monotonic() - started < 1.0
+        assert deadlines.disarm(late) is True
+        time.sleep(0.1)
+        kept.sendall(b"x")  # untouched: still open both ways
+        assert peer_of_kept.recv(1) == b"x"
+    finally:
+        deadlines.close()
+        for sock in (late, peer_of_late, kept, peer_of_kept):
+            sock.close()
+
+
+def test_the_postgres_pool_leans_on_psycopg_pool_names_that_still_exist() -> None:
+    """The pool collectable from any thread (``connection.Pool.__del__``) uses two of
+    psycopg_pool's own names; a release that moves them fails here, not in production."""
+    import psycopg_pool
+
+    from sidecar.store.postgres.connection import Pool
+
+    assert callable(getattr(psycopg_pool.ConnectionPool, "_signal_stop_worker", None))
+    pool = Pool("postgresql://nowhere.invalid/db", open=False)
+    assert pool._closed is True  # a pool not opened yet counts as closed
+
+
 def test_redis_knows_when_a_timed_out_write_landed(redis_server: RedisServer) -> None:
     """After a reply timeout, the exact planned documents in place prove the script ran."""
     redis_server.client().flushdb()
@@ -327,22 +420,21 @@ def test_redis_counts_a_conflict_and_retries(redis_server: RedisServer) -> None:
     applies nothing and answers the current value, on which the transaction
     re-runs and lands; one conflict is counted, and three round trips (one
     read, two scripts)."""
-    from sidecar import metrics
-
     redis_server.client().flushdb()
-    store = RedisStore(redis_server.url)
+    tally = Tally()
+    store = RedisStore(redis_server.url, events=tally.events)
     put(store, "k", {"n": 1})
     calls: list[int] = []
     fn = _bump_losing(store, calls, races=1)
 
-    conflicts = metrics.STORE_CONFLICTS._value.get()
-    trips = metrics.STORE_ROUND_TRIPS._value.get()
+    conflicts = tally.conflicts
+    trips = tally.round_trips
     assert store.transact(["k"], fn) == 10
     assert calls == [1, 10]
     assert store.get("k") == {"n": 11}
-    assert metrics.STORE_CONFLICTS._value.get() - conflicts == 1
+    assert tally.conflicts - conflicts == 1
     # this transaction's 3, plus the 2 of the writer it raced
-    assert metrics.STORE_ROUND_TRIPS._value.get() - trips == 5
+    assert tally.round_trips - trips == 5
     store.close()
 
 
@@ -367,13 +459,13 @@ def test_documents_keep_every_value_exactly(store: Store) -> None:
     assert back is not None and type(back["big"]) is int and type(back["nested"][0]["big"]) is int
 
 
-def _counting(store: Store, keys: list[str], fn: TxnFn[T], **hint: bool) -> tuple[T, float]:
-    """``store.transact`` and the Redis round trips it took."""
-    from sidecar import metrics
-
-    before = metrics.STORE_ROUND_TRIPS._value.get()
+def _counting(
+    store: Store, tally: Tally, keys: list[str], fn: TxnFn[T], **hint: bool
+) -> tuple[T, float]:
+    """``store.transact`` and the Redis round trips it took (``store`` reports to ``tally``)."""
+    before = tally.round_trips
     result = store.transact(keys, fn, **hint)
-    return result, metrics.STORE_ROUND_TRIPS._value.get() - before
+    return result, tally.round_trips - before
 
 
 def _create_once(snap: Snapshot) -> Plan[str]:
@@ -400,24 +492,25 @@ def test_absent_likely_on_redis_saves_the_read_when_it_holds(
     again on the stored value: one more round trip when it writes, none when
     it only reads (that answer is one consistent snapshot)."""
     redis_server.client().flushdb()
-    store = RedisStore(redis_server.url)
-    assert _counting(store, ["a"], _create_once, absent_likely=True) == ("created", 1)
+    tally = Tally()
+    store = RedisStore(redis_server.url, events=tally.events)
+    assert _counting(store, tally, ["a"], _create_once, absent_likely=True) == ("created", 1)
     seen: list[Doc | None] = []
 
     def spy(snap: Snapshot) -> Plan[str]:
         seen.append(snap.get("a"))
         return _create_once(snap)
 
-    assert _counting(store, ["a"], spy, absent_likely=True) == ("found 1", 1)
+    assert _counting(store, tally, ["a"], spy, absent_likely=True) == ("found 1", 1)
     assert seen == [None, {"v": 1}]
 
     def bump(snap: Snapshot) -> Plan[int]:
         v = (snap.get("a") or {"v": 0})["v"] + 1
         return Plan(v, {"a": Write({"v": v})})
 
-    assert _counting(store, ["a"], bump, absent_likely=True) == (2, 2)
+    assert _counting(store, tally, ["a"], bump, absent_likely=True) == (2, 2)
     assert store.get("a") == {"v": 2}
-    assert _counting(store, ["a"], bump) == (3, 2)  # without the hint: read, then write
+    assert _counting(store, tally, ["a"], bump) == (3, 2)  # without the hint: read, then write
     store.close()
 
 
@@ -495,7 +588,7 @@ def test_redis_reads_afresh_after_backing_off(
         slept.append(seconds)
         put(store, "k", {"n": 500})  # and once more during the back-off
 
-    monkeypatch.setattr("sidecar.store.redis.time.sleep", sleep)
+    monkeypatch.setattr("sidecar.store.redis.store.time.sleep", sleep)
     assert store.transact(["k"], fn) == 500
     assert calls == [1, 10, 500]
     assert len(slept) == 1 and 0 <= slept[0] <= 0.05
@@ -584,12 +677,12 @@ def test_recent_likely_on_redis_saves_the_read_and_checks_the_guess(
     changed since: the compare-and-set refuses the guess, answers the stored
     value and the function runs again on it (two, as without the hint, and
     no conflict counted); nothing is lost."""
-    from sidecar import metrics
-
     redis_server.client().flushdb()
-    mine, other = RedisStore(redis_server.url), RedisStore(redis_server.url)
-    assert _counting(mine, ["a"], _bump, recent_likely=True) == (1, 2)  # not seen yet: read
-    assert _counting(mine, ["a"], _bump, recent_likely=True) == (2, 1)
+    tally = Tally()  # both processes' stores count to it, as two workers to one /metrics
+    mine = RedisStore(redis_server.url, events=tally.events)
+    other = RedisStore(redis_server.url, events=tally.events)
+    assert _counting(mine, tally, ["a"], _bump, recent_likely=True) == (1, 2)  # not seen: read
+    assert _counting(mine, tally, ["a"], _bump, recent_likely=True) == (2, 1)
     assert other.transact(["a"], _bump) == 3
     seen: list[Doc | None] = []
 
@@ -597,10 +690,10 @@ def test_recent_likely_on_redis_saves_the_read_and_checks_the_guess(
         seen.append(snap.get("a"))
         return _bump(snap)
 
-    conflicts = metrics.STORE_CONFLICTS._value.get()
-    assert _counting(mine, ["a"], spy, recent_likely=True) == (4, 2)
+    conflicts = tally.conflicts
+    assert _counting(mine, tally, ["a"], spy, recent_likely=True) == (4, 2)
     assert seen == [{"v": 2}, {"v": 3}]
-    assert metrics.STORE_CONFLICTS._value.get() == conflicts
+    assert tally.conflicts == conflicts
     assert mine.get("a") == {"v": 4}
     # A key first read inside the function is guessed as last seen too, and checked.
     put(other, "stop", {"why": "operator"})
@@ -641,10 +734,14 @@ def test_a_fresh_postgres_database_gets_its_schema(postgres_server: PostgresServ
         store.close()
 
 
-def _postgres(server: PostgresServer, query: str = "", timeout_s: float = 2.0) -> PostgresStore:
-    """A PostgresStore on an emptied database (``query``: the store's URL parameters)."""
+def _postgres(
+    server: PostgresServer, query: str = "", timeout_s: float = 2.0, tally: Tally | None = None
+) -> PostgresStore:
+    """A PostgresStore on an emptied database (``query``: the store's URL parameters),
+    reporting to ``tally``."""
     server.reset()
-    store = PostgresStore(server.url + query, timeout_s=timeout_s)
+    events = None if tally is None else tally.events
+    store = PostgresStore(server.url + query, timeout_s=timeout_s, events=events)
     store.ensure_schema()
     return store
 
@@ -659,9 +756,10 @@ def test_postgres_lost_compare_and_set_logs_nothing(
     key log nothing either."""
     import logging
 
-    store = _postgres(postgres_server, "?pool_size=4", timeout_s=10.0)
+    tally = Tally()
+    store = _postgres(postgres_server, "?pool_size=4", timeout_s=10.0, tally=tally)
     caplog.set_level(logging.DEBUG)  # the root logger: every logger propagates to it
-    conflicts = metrics.STORE_CONFLICTS._value.get()
+    conflicts = tally.conflicts
     for round_ in range(5):
         key = f"k{round_}"
         put(store, key, {"n": 1})
@@ -677,7 +775,7 @@ def test_postgres_lost_compare_and_set_logs_nothing(
 
         assert store.transact([key], fn) == 10
         assert calls == [1, 10] and store.get(key) == {"n": 11}
-    assert metrics.STORE_CONFLICTS._value.get() - conflicts == 5
+    assert tally.conflicts - conflicts == 5
     _hammer_one_key(store, bumps_per_thread=10, threads=16)
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert noisy == [], [f"{r.name}: {r.getMessage()}" for r in noisy]
@@ -692,7 +790,7 @@ def test_postgres_a_pooled_connection_the_server_closed_is_replaced(
     connection idle past ``IDLE_CHECK_S`` is checked before it is used."""
     import psycopg
 
-    from sidecar.store import postgres
+    from sidecar.store.postgres import connection
 
     store = _postgres(postgres_server)
     put(store, "k", {"n": 1})
@@ -702,7 +800,7 @@ def test_postgres_a_pooled_connection_the_server_closed_is_replaced(
             "WHERE application_name = 'loopstop' AND pid <> pg_backend_pid()"
         ).fetchone()
     assert ended is not None and ended[0] >= 1
-    monkeypatch.setattr(postgres, "IDLE_CHECK_S", 0.0)
+    monkeypatch.setattr(connection, "IDLE_CHECK_S", 0.0)
     assert store.get("k") == {"n": 1}
     put(store, "k", {"n": 2})
     assert store.get("k") == {"n": 2}
@@ -732,7 +830,8 @@ def test_postgres_counts_a_conflict_and_retries(
     holds no lock while it decides; its retry runs with the key locked
     exclusively (a hot key queues instead of spinning). ``SERIALIZABLE``: the
     serialization failure is retried the same way."""
-    store = _postgres(postgres_server, f"?isolation={isolation}")
+    tally = Tally()
+    store = _postgres(postgres_server, f"?isolation={isolation}", tally=tally)
     put(store, "k", {"n": 1})
     calls: list[int] = []
     locks: list[list[str]] = []
@@ -742,14 +841,14 @@ def test_postgres_counts_a_conflict_and_retries(
         locks.append(_advisory_locks(postgres_server.url))
         return losing(snap)
 
-    conflicts = metrics.STORE_CONFLICTS._value.get()
-    trips = metrics.STORE_ROUND_TRIPS._value.get()
+    conflicts = tally.conflicts
+    trips = tally.round_trips
     assert store.transact(["k"], fn) == 10
     assert calls == [1, 10]
     assert store.get("k") == {"n": 11}
-    assert metrics.STORE_CONFLICTS._value.get() - conflicts == 1
+    assert tally.conflicts - conflicts == 1
     # a read and a commit per attempt (the first commit lost), plus the 2 of the writer it raced
-    assert metrics.STORE_ROUND_TRIPS._value.get() - trips == 6
+    assert tally.round_trips - trips == 6
     if isolation == "cas":
         assert locks == [[], ["ExclusiveLock"]]
     assert _advisory_locks(postgres_server.url) == []  # released at commit
@@ -779,7 +878,7 @@ def test_postgres_serializable_race_makes_exactly_one_reservation(
 def _put_raw(store: Store, store_url: str, key: str, text: str) -> None:
     """Write ``text`` under ``key`` behind the store's back (damage, another writer)."""
     if isinstance(store, RedisStore):
-        store.client.set(store._k(key), text)
+        store.client.set(store.key(key), text)
     elif store_url.startswith("sqlite"):
         import sqlite3
 

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
+from flask import Flask
 
 from conftest import N8N_TOKEN, Api, AppFactory
 
@@ -25,22 +25,24 @@ pytestmark = pytest.mark.security
 # -- 15. authentication failures are logged and counted --------------------------
 
 
-def _failures(reason: str) -> float:
-    return REGISTRY.get_sample_value("loopstop_auth_failures_total", {"reason": reason}) or 0.0
+def _failures(app: Flask, reason: str) -> float:
+    registry = app.extensions["loopstop"].metrics.registry
+    return registry.get_sample_value("loopstop_auth_failures_total", {"reason": reason}) or 0.0
 
 
 def test_auth_failures_are_logged_and_counted(
     make_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = make_app().test_client()
-    before = _failures("unauthenticated"), _failures("foreign-origin")
+    app = make_app()
+    client = app.test_client()
+    before = _failures(app, "unauthenticated"), _failures(app, "foreign-origin")
     with caplog.at_level(logging.WARNING, logger="loopstop"):
         r = client.get("/v1/whoami", headers={"Authorization": "Bearer wrong-token-00000000"})
         assert r.status_code == 401
         r = client.get("/v1/whoami", headers={**AUTH, "Origin": EVIL})
         assert r.status_code == 403
-    assert _failures("unauthenticated") == before[0] + 1
-    assert _failures("foreign-origin") == before[1] + 1
+    assert _failures(app, "unauthenticated") == before[0] + 1
+    assert _failures(app, "foreign-origin") == before[1] + 1
     lines = [m for m in caplog.messages if "authentication refused" in m]
     assert any("/v1/whoami" in m and "127.0.0.1" in m for m in lines)
     assert not any("wrong-token" in m for m in caplog.messages)  # never the value

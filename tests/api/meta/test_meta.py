@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from flask import Flask
 from openapi_spec_validator import validate
 
 from conftest import ADMIN_TOKEN, Api, AppFactory
@@ -108,3 +109,33 @@ def test_metric_labels_stay_bounded(make_app: AppFactory) -> None:
     assert "ana@example.com" not in text
     assert 'reason="other",route="workflows.stop"' in text
     assert r.headers["Content-Type"].count("charset") == 1
+
+
+def _sample_sum(app: Flask, name: str) -> float:
+    """The sum of a counter's samples over its labels, as this app's /metrics shows it."""
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((f"{name}{{", f"{name} "))
+    )
+
+
+@pytest.mark.all_stores  # each store reports its round trips to the app that built it
+def test_two_apps_in_one_process_count_apart(make_app: AppFactory, store_url: str) -> None:
+    """Metrics are built by create_app, each app on a registry of its own: a decision
+    (and its store's round trips) is counted by the app that made it only."""
+    first, second = make_app(), make_app()
+    assert first.extensions["loopstop"].metrics is not second.extensions["loopstop"].metrics
+
+    def trips(app: Flask) -> float:  # read from the registry: a scrape makes round trips
+        registry = app.extensions["loopstop"].metrics.registry
+        return registry.get_sample_value("loopstop_store_round_trips_total") or 0.0
+
+    first_trips, second_trips = trips(first), trips(second)
+    Api(first.test_client()).begin("count-apart", workflow="wf")
+    if not store_url.startswith("sqlite"):  # SQLite has no round trips to count
+        assert trips(first) > first_trips
+    assert trips(second) == second_trips
+    assert _sample_sum(first, "loopstop_decisions_total") == 1
+    assert _sample_sum(second, "loopstop_decisions_total") == 0

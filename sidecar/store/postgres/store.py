@@ -1,56 +1,10 @@
-"""PostgreSQL store: durable multi-instance, on the database n8n already runs.
-
-Layout (schema version 1; every name starts with ``loopstop_`` so the
-tables can sit in n8n's own database)::
-
-    loopstop_kv   (key TEXT PRIMARY KEY, doc TEXT JSON, expires_at FLOAT8 epoch s | NULL)
-    loopstop_idx  (name TEXT, member TEXT, score FLOAT8, PRIMARY KEY (name, member))
-                  + index (name, score, member) for listings and the queue
-    loopstop_meta (key TEXT PRIMARY KEY, value TEXT)  -- schema_version, store_id, ...
-    loopstop_increment(doc, field, delta)             -- an increment, in SQL
-
-Documents are stored as JSON *text* (the exact bytes :func:`encode_doc`
-wrote: integers past 64 bits and lone surrogates come back unchanged, which
-``jsonb`` would refuse or reorder).
-
-One transaction per decision, a compare-and-set like the Redis store's:
-the documents are read by one statement (no lock held while the policy
-decides), then one pipeline sends ``BEGIN``, transaction-scoped advisory
-locks on every compared key (``pg_advisory_xact_lock``, keyed by a hash of
-the key, in sorted order: a lock exists whether or not its row does, so two
-first ``begin`` of one id cannot both insert), ``loopstop_check`` (every
-compared document still as read, and the store identity unchanged; else it
-raises and nothing is written), the writes and ``COMMIT``. A changed
-document means the function runs again on fresh reads (a jittered back-off
-from the second conflict on), within the deadline. Increments are
-``INSERT ... ON CONFLICT DO UPDATE`` applied to the row's value at commit
-and never compared. Locks are held only while that one pipeline runs on the
-server, never across the client's decision: a slow or descheduled worker
-thread never holds others up. ``?isolation=serializable`` (reads and writes
-in one ``SERIALIZABLE`` transaction, serialization failures retried) is kept
-for comparison; ``bench/pg_strategy.py`` measures the two side by side
-(docs/deployment.md has its figures, and those of a third design, locks
-held across the decision, measured before it was replaced, and why this one
-is the default).
-
-Round trips: two per decision (the read; the commit pipeline), one more
-for a key first read inside the function; a decision that writes nothing
-after one read needs no commit.
-
-Every call has one deadline (``timeout_s``): a statement, a lock wait and
-the wait for a connection from the pool all end with it (the connection's
-socket waits too, so a server that stopped answering is a 503 at the
-deadline, not a hang). A connection lost before ``COMMIT`` was answered
-admits nothing: the server rolls back what it did not commit, and the
-caller gets a 503 whose retry sees the true state. Expired rows are
-invisible to reads at once and deleted by ``loopstop purge`` and by a
-bounded sweep every ``sweep_interval_s``.
-"""
+"""The PostgreSQL store: its transactions (read, decide, then lock, compare
+and write in one pipeline), reads, listings, readiness, schema, meta entries
+and sweeps (the package's docstring tells how)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import random
@@ -65,7 +19,6 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pgerrors
 
-from sidecar import metrics
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
     META_ID,
@@ -76,101 +29,24 @@ from sidecar.store.base import (
     Plan,
     Snapshot,
     Store,
+    StoreEvents,
+    StoreOptions,
     T,
     TxnFn,
     decode_doc,
-    encode_doc,
+)
+from sidecar.store.postgres import sql
+from sidecar.store.postgres.connection import (
+    PARAMS,
+    Deadlines,
+    Pool,
+    PooledConnection,
+    check_url,
+    open_pool,
 )
 from sidecar.urls import redact_url
 
 log = logging.getLogger("loopstop.store")
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS loopstop_kv (
-    key TEXT PRIMARY KEY,
-    doc TEXT NOT NULL,
-    expires_at DOUBLE PRECISION
-);
-CREATE INDEX IF NOT EXISTS loopstop_kv_expiry ON loopstop_kv (expires_at)
-    WHERE expires_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS loopstop_idx (
-    name TEXT NOT NULL,
-    member TEXT NOT NULL,
-    score DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (name, member)
-);
-CREATE INDEX IF NOT EXISTS loopstop_idx_order ON loopstop_idx (name, score, member);
-CREATE OR REPLACE FUNCTION loopstop_increment(doc TEXT, field TEXT, delta BIGINT)
-RETURNS TEXT LANGUAGE plpgsql IMMUTABLE AS $fn$
-DECLARE d JSONB := doc::jsonb;
-BEGIN
-    IF jsonb_typeof(d) <> 'object' THEN
-        RAISE EXCEPTION 'increment target is not a JSON object' USING ERRCODE = '22023';
-    END IF;
-    RETURN jsonb_set(d, ARRAY[field], to_jsonb(COALESCE((d ->> field)::numeric, 0) + delta))::text;
-END
-$fn$;
-CREATE OR REPLACE FUNCTION loopstop_check(
-    keys TEXT[], expected TEXT[], now DOUBLE PRECISION, store_id TEXT
-) RETURNS VOID LANGUAGE plpgsql AS $fn$
-DECLARE changed INT;
-BEGIN
-    IF store_id IS NOT NULL AND store_id IS DISTINCT FROM
-            (SELECT value FROM loopstop_meta WHERE key = 'store_id') THEN
-        RAISE EXCEPTION 'the store identity changed' USING ERRCODE = 'LS409';
-    END IF;
-    SELECT count(*) INTO changed FROM unnest(keys, expected) AS e(key, doc)
-        LEFT JOIN loopstop_kv kv
-            ON kv.key = e.key AND (kv.expires_at IS NULL OR kv.expires_at > now)
-        WHERE kv.doc IS DISTINCT FROM e.doc;
-    IF changed > 0 THEN
-        RAISE EXCEPTION '% document(s) changed since read', changed USING ERRCODE = 'LS409';
-    END IF;
-END
-$fn$;
-"""
-_META_DDL = "CREATE TABLE IF NOT EXISTS loopstop_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-
-#: The advisory lock class of every key lock (two-integer form: other
-#: applications' single-bigint advisory locks never meet ours).
-LOCK_CLASS = 0x4C53
-#: The lock taken while the schema is created or migrated.
-SCHEMA_LOCK = 0x4C530001
-
-_SELECT = (
-    "SELECT key, doc FROM loopstop_kv WHERE key = ANY(%s) "
-    "AND (expires_at IS NULL OR expires_at > %s)"
-)
-_LOCK = "SELECT count(pg_advisory_xact_lock(%s, k)) FROM unnest(%s::int4[]) AS k"
-_IDENTITY = "SELECT value FROM loopstop_meta WHERE key = %s"
-_LOCKS = (
-    "SELECT count(CASE WHEN l.x THEN pg_advisory_xact_lock(%(c)s, l.k) "
-    "ELSE pg_advisory_xact_lock_shared(%(c)s, l.k) END) FROM ("
-    "SELECT k, true AS x FROM unnest(%(x)s::int4[]) AS k UNION ALL "
-    "SELECT k, false FROM unnest(%(s)s::int4[]) AS k ORDER BY k) AS l"
-)
-_CHECK = "SELECT loopstop_check(%s::text[], %s::text[], %s, %s)"
-_PUT = (
-    "INSERT INTO loopstop_kv (key, doc, expires_at) VALUES (%s, %s, %s) "
-    "ON CONFLICT (key) DO UPDATE SET doc = EXCLUDED.doc, expires_at = EXCLUDED.expires_at"
-)
-_DELETE = "DELETE FROM loopstop_kv WHERE key = %s"
-_INCREMENT = (
-    "INSERT INTO loopstop_kv AS kv (key, doc, expires_at) VALUES (%s, %s, %s) "
-    "ON CONFLICT (key) DO UPDATE SET doc = CASE "
-    "WHEN kv.expires_at IS NOT NULL AND kv.expires_at <= %s THEN EXCLUDED.doc "
-    "ELSE loopstop_increment(kv.doc, %s, %s) END, expires_at = EXCLUDED.expires_at"
-)
-_TRIM = "DELETE FROM loopstop_idx WHERE name = %s AND score < %s"
-_UNINDEX = "DELETE FROM loopstop_idx WHERE name = %s AND member = %s"
-_INDEX = (
-    "INSERT INTO loopstop_idx (name, member, score) VALUES (%s, %s, %s) "
-    "ON CONFLICT (name, member) DO UPDATE SET score = EXCLUDED.score"
-)
-_SWEEP = (
-    "DELETE FROM loopstop_kv WHERE key IN (SELECT key FROM loopstop_kv "
-    "WHERE expires_at IS NOT NULL AND expires_at <= %s LIMIT %s)"
-)
 
 
 class _Conflict(Exception):
@@ -193,65 +69,6 @@ _RETRYABLE = (pgerrors.SerializationFailure, pgerrors.DeadlockDetected, pgerrors
 #: Expired rows deleted per sweep.
 SWEEP_BATCH = 1000
 
-#: A pooled connection unused this long (s) is checked with one round trip before
-#: a decision uses it: the server or a proxy may have closed it meanwhile
-#: (``idle_session_timeout``, a restart), and a decision on it would be a 503.
-IDLE_CHECK_S = 30.0
-
-#: URL query parameters this store reads (the rest goes to libpq).
-PARAMS = {"isolation", "pool_size", "sweep_interval_s"}
-
-
-def _lock_id(key: str) -> int:
-    """A signed 32-bit hash of ``key`` (a collision only serializes two keys)."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big", signed=True)
-
-
-class _DeadlineConnection(psycopg.Connection[tuple[Any, ...]]):
-    """A connection whose every wait on the server ends at ``deadline``.
-
-    A wait past it closes the connection (its state is unknown) and raises
-    :class:`psycopg.OperationalError`.
-    """
-
-    deadline: float | None = None
-    #: When the connection last went back to the pool (None: never used yet).
-    used_at: float | None = None
-
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        if self.deadline is not None:
-            left = max(0.001, self.deadline - time.monotonic())
-            timeout = left if timeout is None else min(timeout, left)
-        try:
-            return super().wait(gen, interval, timeout)
-        except pgerrors._WaitTimeout:
-            self.pgconn.finish()
-            raise psycopg.OperationalError("no answer from the server by the deadline") from None
-
-
-def _check_idle(conn: _DeadlineConnection) -> None:
-    """The pool's check: a connection idle past :data:`IDLE_CHECK_S` must answer
-    within a second, else the pool drops it and hands out another."""
-    if conn.used_at is None or time.monotonic() - conn.used_at < IDLE_CHECK_S:
-        return
-    conn.deadline = time.monotonic() + 1.0
-    try:
-        conn.execute("SELECT 1")
-    finally:
-        conn.deadline = None
-
-
-class _Pool(psycopg_pool.ConnectionPool[_DeadlineConnection]):
-    """psycopg's pool, collectable from any thread: a pool dropped while one of
-    its own workers holds the last reference stops without joining that one."""
-
-    def __del__(self) -> None:
-        if getattr(self, "_closed", True):
-            return
-        for worker in self._signal_stop_worker():
-            if worker is not threading.current_thread():
-                worker.join(1.0)
-
 
 class PostgresStore(Store):
     """The store on a PostgreSQL database, shared by every worker and instance.
@@ -263,12 +80,22 @@ class PostgresStore(Store):
     :param timeout_s: the deadline of one call (a decision), seconds.
     :param clock: wall clock for TTLs, epoch seconds.
     :param max_retries: attempts after a serialization failure or deadlock.
+    :param events: where round trips and conflicts are reported.
     :raises ConfigError: never; connections open lazily, so every method
         raises :class:`StoreUnavailable` while the server does not answer.
     """
 
     backend = "postgresql"
     driver_errors = (psycopg.Error, psycopg_pool.PoolTimeout)
+    schemes = ("postgresql", "postgres")
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        check_url(url)
+
+    @classmethod
+    def from_url(cls, url: str, options: StoreOptions) -> PostgresStore:
+        return cls(url, timeout_s=options.timeout_s, events=options.events)
 
     def __init__(
         self,
@@ -277,6 +104,7 @@ class PostgresStore(Store):
         timeout_s: float = 2.0,
         clock: Callable[[], float] = time.time,
         max_retries: int = 10,
+        events: StoreEvents | None = None,
     ) -> None:
         parsed = urlparse(url)
         query = parse_qs(parsed.query)
@@ -292,47 +120,31 @@ class PostgresStore(Store):
         self.timeout_s = timeout_s
         self.clock = clock
         self.max_retries = max_retries
-        self._pool: _Pool | None = None
+        self.events = events or StoreEvents()
+        self._pool: Pool | None = None
+        self._deadlines = Deadlines()
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._swept_at = time.monotonic()
 
     # -- connections -------------------------------------------------------
 
-    def _get_pool(self) -> _Pool:
+    def _get_pool(self) -> Pool:
         with self._lock:
             if self._pool is None or self._pid != os.getpid():
-                ms = max(1, int(self.timeout_s * 1000))
-                self._pool = _Pool(
+                self._pool = open_pool(
                     self.conninfo,
-                    connection_class=_DeadlineConnection,
-                    min_size=1,
-                    max_size=max(1, self.pool_size),
-                    kwargs={
-                        "autocommit": True,
-                        "connect_timeout": max(1, int(self.timeout_s + 0.999)),
-                        "options": (
-                            f"-c statement_timeout={ms} -c lock_timeout={ms} "
-                            f"-c idle_in_transaction_session_timeout={10 * ms}"
-                        ),
-                        "application_name": "loopstop",
-                        # No server-side prepared statements: a pipeline that a
-                        # conflict aborts would leave psycopg's cache of them wrong.
-                        "prepare_threshold": None,
-                    },
-                    open=False,
-                    check=_check_idle,
-                    timeout=self.timeout_s,
-                    num_workers=1,
-                    name="loopstop",
+                    timeout_s=self.timeout_s,
+                    size=self.pool_size,
+                    deadlines=self._deadlines,
                 )
-                self._pool.open(wait=False)
                 self._pid = os.getpid()
             return self._pool
 
     @contextmanager
-    def _connection(self, deadline: float) -> Iterator[_DeadlineConnection]:
-        """A pooled connection bound to ``deadline`` (returned broken or clean).
+    def _connection(self, deadline: float) -> Iterator[PooledConnection]:
+        """A pooled connection bound to ``deadline`` (returned broken or clean):
+        every wait on the server ends by then (:class:`.connection.Deadlines`).
 
         A database found without loopstop's tables (a fresh one put in the place
         of the one served from) is a store that lost its identity: refused
@@ -340,23 +152,29 @@ class PostgresStore(Store):
         """
         pool = self._get_pool()
         conn = pool.getconn(timeout=max(0.001, deadline - time.monotonic()))
-        conn.deadline = deadline
+        deadlines = self._deadlines
         try:
+            deadlines.arm(conn, deadline)
             yield conn
         except pgerrors.UndefinedTable:
             if self.identity is not None:
                 self._verify_identity(None)  # raises the refusal
             raise
+        except psycopg.OperationalError as exc:
+            if deadlines.disarm(conn):  # the deadline ended the connection: say so
+                raise psycopg.OperationalError("no answer from the server by the deadline") from exc
+            raise
         finally:
-            conn.deadline = None
+            deadlines.disarm(conn)
             idle = psycopg.pq.TransactionStatus.IDLE
             if not conn.closed and conn.info.transaction_status != idle:
                 try:
-                    conn.deadline = time.monotonic() + 1.0
+                    deadlines.arm(conn, time.monotonic() + 1.0)
                     conn.execute("ROLLBACK")
                 except psycopg.Error:
                     conn.close()
-                conn.deadline = None
+                finally:
+                    deadlines.disarm(conn)
             conn.used_at = time.monotonic()
             pool.putconn(conn)
 
@@ -391,10 +209,10 @@ class PostgresStore(Store):
                     for key in conflict.compared:
                         hot[key] = hot.get(key, False) or key in conflict.written
                     self._rollback(conn)
-                    metrics.STORE_CONFLICTS.inc()
+                    self.events.conflict()
                 except _RETRYABLE:
                     self._rollback(conn)
-                    metrics.STORE_CONFLICTS.inc()
+                    self.events.conflict()
                     pause = random.uniform(0, min(0.05, 0.001 * 2**attempt))
                     if time.monotonic() + pause >= deadline:
                         raise StoreUnavailable(
@@ -412,7 +230,7 @@ class PostgresStore(Store):
         return plan.committed()
 
     def _attempt(
-        self, conn: _DeadlineConnection, declared: list[str], fn: TxnFn[T], hot: dict[str, bool]
+        self, conn: PooledConnection, declared: list[str], fn: TxnFn[T], hot: dict[str, bool]
     ) -> Plan[T]:
         """One try: read, decide, then lock, compare and write in one pipeline.
 
@@ -430,17 +248,17 @@ class PostgresStore(Store):
                 conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
             elif hot:
                 conn.execute("BEGIN")
-                exclusive_ids = {_lock_id(k) for k, x in hot.items() if x}
-                shared_ids = {_lock_id(k) for k in hot} - exclusive_ids
+                exclusive_ids = {sql.lock_id(k) for k, x in hot.items() if x}
+                shared_ids = {sql.lock_id(k) for k in hot} - exclusive_ids
                 conn.execute(
-                    _LOCKS,
-                    {"c": LOCK_CLASS, "x": sorted(exclusive_ids), "s": sorted(shared_ids)},
+                    sql.LOCKS,
+                    {"c": sql.LOCK_CLASS, "x": sorted(exclusive_ids), "s": sorted(shared_ids)},
                 )
                 held = exclusive_ids | shared_ids
                 held_exclusive = exclusive_ids
-            identity = conn.execute(_IDENTITY, (META_ID,))
-            selected = conn.execute(_SELECT, (declared, now))
-        metrics.STORE_ROUND_TRIPS.inc()
+            identity = conn.execute(sql.IDENTITY, (META_ID,))
+            selected = conn.execute(sql.SELECT, (declared, now))
+        self.events.round_trip()
         reads += 1
         if self.identity is not None:
             row = identity.fetchone()
@@ -451,8 +269,8 @@ class PostgresStore(Store):
             nonlocal reads
             fresh = [k for k in dict.fromkeys(more) if k not in docs]
             if fresh:
-                cur = conn.execute(_SELECT, (fresh, now))
-                metrics.STORE_ROUND_TRIPS.inc()
+                cur = conn.execute(sql.SELECT, (fresh, now))
+                self.events.round_trip()
                 reads += 1
                 self._keep(docs, raw, fresh, cur)
 
@@ -471,8 +289,8 @@ class PostgresStore(Store):
         # workflow's stop never wait for each other), in one sorted pass.
         # A key held shared and now written is locked exclusively too (else
         # two such writers could both pass the check and one overwrite the other).
-        exclusive = sorted({_lock_id(k) for k in plan.writes} - held_exclusive)
-        shared = sorted({_lock_id(k) for k in compared} - set(exclusive) - held)
+        exclusive = sorted({sql.lock_id(k) for k in plan.writes} - held_exclusive)
+        shared = sorted({sql.lock_id(k) for k in compared} - set(exclusive) - held)
         # The server's refusal may come back while the pipeline is still sending: it is
         # caught inside the block, so the pipeline ends quietly (psycopg logs a warning
         # for an error that leaves the block), and raised once the pipeline is closed.
@@ -484,18 +302,20 @@ class PostgresStore(Store):
                         if not hot:
                             conn.execute("BEGIN")
                         if exclusive or shared:
-                            conn.execute(_LOCKS, {"c": LOCK_CLASS, "x": exclusive, "s": shared})
+                            conn.execute(
+                                sql.LOCKS, {"c": sql.LOCK_CLASS, "x": exclusive, "s": shared}
+                            )
                         conn.execute(
-                            _CHECK, (compared, [raw[k] for k in compared], now, self.identity)
+                            sql.CHECK, (compared, [raw[k] for k in compared], now, self.identity)
                         )
-                    self._apply(conn, plan, now)
+                    sql.apply(conn, plan, now)
                     conn.execute("COMMIT")
                 except psycopg.Error as exc:
                     failure = exc
         except psycopg.Error as exc:  # at the pipeline's end: the refusal, or "aborted" after it
             failure = failure or exc
         finally:
-            metrics.STORE_ROUND_TRIPS.inc()  # a pipeline that lost was a round trip too
+            self.events.round_trip()  # a pipeline that lost was a round trip too
         if failure is None:
             return plan
         if failure.sqlstate == "LS409":
@@ -518,44 +338,7 @@ class PostgresStore(Store):
             docs[key] = decode_doc(key, doc)
 
     @staticmethod
-    def _apply(conn: _DeadlineConnection, plan: Plan[Any], now: float) -> None:
-        cur = conn.cursor()
-        puts = [
-            (k, encode_doc(w.doc), None if w.ttl_s is None else now + w.ttl_s)
-            for k, w in plan.writes.items()
-            if w.doc is not None
-        ]
-        deletes = [(k,) for k, w in plan.writes.items() if w.doc is None]
-        if puts:
-            cur.executemany(_PUT, puts)
-        if deletes:
-            cur.executemany(_DELETE, deletes)
-        if plan.increments:
-            cur.executemany(
-                _INCREMENT,
-                [
-                    (
-                        key,
-                        encode_doc({inc.field: inc.delta}),
-                        None if inc.ttl_s is None else now + inc.ttl_s,
-                        now,
-                        inc.field,
-                        inc.delta,
-                    )
-                    for key, inc in plan.increments.items()
-                ],
-            )
-        if plan.trims:
-            cur.executemany(_TRIM, plan.trims)
-        removed = [(e.index, e.member) for e in plan.index if e.score is None]
-        added = [(e.index, e.member, e.score) for e in plan.index if e.score is not None]
-        if removed:
-            cur.executemany(_UNINDEX, removed)
-        if added:
-            cur.executemany(_INDEX, added)
-
-    @staticmethod
-    def _rollback(conn: _DeadlineConnection) -> None:
+    def _rollback(conn: PooledConnection) -> None:
         if conn.closed:
             return
         try:
@@ -569,8 +352,8 @@ class PostgresStore(Store):
         deadline = time.monotonic() + self.timeout_s
         with self._connection(deadline) as conn:
             with conn.pipeline():
-                identity = conn.execute(_IDENTITY, (META_ID,))
-                cur = conn.execute(_SELECT, (unique, self.clock()))
+                identity = conn.execute(sql.IDENTITY, (META_ID,))
+                cur = conn.execute(sql.SELECT, (unique, self.clock()))
             row = identity.fetchone()
             docs: dict[str, Doc | None] = {}
             self._keep(docs, {}, unique, cur)
@@ -621,7 +404,7 @@ class PostgresStore(Store):
                     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
                     (repr(self.clock()),),
                 )
-                identity = conn.execute(_IDENTITY, (META_ID,))
+                identity = conn.execute(sql.IDENTITY, (META_ID,))
                 settings = conn.execute(
                     "SELECT name, setting FROM pg_settings "
                     "WHERE name IN ('fsync', 'synchronous_commit')"
@@ -662,19 +445,19 @@ class PostgresStore(Store):
     def _create_tables(self, current: int) -> None:
         """The tables, functions and indexes, unless the stored schema is newer."""
         with self._connection(time.monotonic() + max(10.0, self.timeout_s)) as c:
-            c.deadline = None  # DDL may wait for another instance's migration
+            self._deadlines.disarm(c)  # DDL may wait for another instance's migration
             with c.transaction():
-                c.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-                c.execute(_META_DDL)
-                row = c.execute(_IDENTITY, (META_SCHEMA,)).fetchone()
+                c.execute("SELECT pg_advisory_xact_lock(%s)", (sql.SCHEMA_LOCK,))
+                c.execute(sql.META_DDL)
+                row = c.execute(sql.IDENTITY, (META_SCHEMA,)).fetchone()
                 if row is None or int(row[0]) <= current:
-                    c.execute(_DDL)
+                    c.execute(sql.DDL)
 
     def _read_meta(self, name: str) -> str | None:
         """A meta entry; None when absent, also when the table is (an emptied database)."""
         with self._connection(time.monotonic() + self.timeout_s) as conn:
             try:
-                row = conn.execute(_IDENTITY, (name,)).fetchone()
+                row = conn.execute(sql.IDENTITY, (name,)).fetchone()
             except pgerrors.UndefinedTable:
                 return None
         return None if row is None else str(row[0])
@@ -687,7 +470,7 @@ class PostgresStore(Store):
                 f"ON CONFLICT (key) DO {conflict}",
                 (name, value),
             )
-            row = conn.execute(_IDENTITY, (name,)).fetchone()
+            row = conn.execute(sql.IDENTITY, (name,)).fetchone()
         assert row is not None
         return str(row[0])
 
@@ -697,7 +480,7 @@ class PostgresStore(Store):
         ``loopstop purge`` calls it until nothing is left.
         """
         with self._connection(time.monotonic() + self.timeout_s) as conn:
-            return conn.execute(_SWEEP, (self.clock(), limit)).rowcount
+            return conn.execute(sql.SWEEP, (self.clock(), limit)).rowcount
 
     def _maybe_sweep(self) -> None:
         """The periodic sweep, after a decision, at most every ``sweep_interval_s``."""
@@ -719,3 +502,4 @@ class PostgresStore(Store):
             if self._pool is not None and self._pid == os.getpid():
                 self._pool.close(timeout=1.0)
             self._pool = None
+        self._deadlines.close()

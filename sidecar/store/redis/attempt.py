@@ -1,0 +1,107 @@
+"""One attempt of a Redis transaction: what it read (or guessed), and the
+plan the function decided on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, cast
+
+import redis
+
+from sidecar.store.base import META_ID, Doc, Plan, Snapshot, StoreEvents, T, TxnFn, decode_doc
+from sidecar.store.redis.recent import RecentValues
+
+
+class Source(Protocol):
+    """What an attempt reads through and reports to (the Redis store)."""
+
+    identity: str | None
+    client: redis.Redis
+    events: StoreEvents
+    recent: RecentValues
+
+    def key(self, key: str) -> str:
+        """The Redis key of a logical key (the prefix added)."""
+        ...
+
+    def _verify_identity(self, found: str | None) -> None: ...
+
+
+def decide(fn: TxnFn[T], reads: Reads) -> Plan[T] | None:
+    """``fn`` on what the attempt read; None when that was a guess the plan
+    cannot stand on: ``fn`` raised on it (the error may not be the answer),
+    or the plan reads keys unchecked (the compare-and-set never checks them).
+
+    :raises Exception: what ``fn`` raised on values actually read.
+    """
+    try:
+        plan = fn(Snapshot(reads.docs, reads.load))
+    except Exception:
+        if reads.guessing:
+            return None
+        raise
+    return None if reads.guessing and plan.unchecked else plan
+
+
+class Reads:
+    """The raw values one transaction attempt read, and how many instants they
+    were read at (each ``MGET`` is one; a seed from a compare-and-set is one).
+
+    :param seed: values known without reading (the attempt starts from them).
+    :param guessing: the seed is a guess: keys not in it are assumed absent
+        (or, with ``recall``, as recalled) too, never read; the
+        compare-and-set checks every one of them.
+    :param recall: the guess for a key first read inside the function.
+    """
+
+    def __init__(
+        self,
+        store: Source,
+        seed: dict[str, str | None] | None,
+        guessing: bool,
+        recall: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.store = store
+        self.guessing = guessing
+        self.recall = recall
+        self.raw: dict[str, str | None] = {}
+        self.docs: dict[str, Doc | None] = {}
+        self.snapshots = 0
+        # The identity is compared like a document: read with the first
+        # MGET, or (on a guess) taken as the one seen, which the
+        # compare-and-set then checks.
+        self._identity_pending = store.identity is not None and seed is None
+        if seed is not None:
+            self.snapshots = 0 if guessing else 1
+            self._keep(list(seed), list(seed.values()))
+            if store.identity is not None and META_ID not in self.raw:
+                self.raw[META_ID] = store.identity
+
+    def check_identity(self) -> None:
+        """Refuse a store whose identity is not the one seen (read with the documents)."""
+        if self.store.identity is not None and self.raw.get(META_ID) != self.store.identity:
+            self.store._verify_identity(self.raw.get(META_ID))
+
+    def _keep(self, keys: list[str], values: list[str | None]) -> None:
+        for k, v in zip(keys, values, strict=True):
+            self.raw[k] = v
+            if k != META_ID:
+                self.docs[k] = None if v is None else decode_doc(k, v)
+
+    def load(self, keys: list[str]) -> None:
+        fresh = [k for k in keys if k not in self.raw]
+        if self._identity_pending:
+            self._identity_pending = False
+            fresh.append(META_ID)
+        if not fresh:
+            return
+        if self.guessing:
+            recall = self.recall
+            self._keep(fresh, [None if recall is None else recall(k) for k in fresh])
+            return
+        self.snapshots += 1
+        store = self.store
+        store.events.round_trip()
+        values = cast(list[str | None], store.client.mget([store.key(k) for k in fresh]))
+        self._keep(fresh, values)
+        store.recent.remember(zip(fresh, values, strict=True))

@@ -1,0 +1,97 @@
+"""The compare-and-set script (``lua/cas.lua``, whose header names every
+``KEYS[i]`` and ``ARGV[i]``) and how a plan becomes its keys and arguments."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from sidecar.store.base import Plan, encode_doc
+
+#: The script's text, registered once per store object.
+CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
+
+#: The longest TTL written (ten years): a longer retention is "forever" in practice.
+MAX_TTL_MS = 10 * 365 * 86_400 * 1000
+
+
+def ttl_ms(ttl_s: float | None) -> str:
+    """A TTL for the script: milliseconds as a decimal string ("0" keeps for ever).
+
+    A string, because Lua would print a large number as 1e+18.
+    """
+    ms = 0 if ttl_s is None else max(1, math.ceil(ttl_s * 1000))
+    return str(min(ms, MAX_TTL_MS))
+
+
+def serialized(plan: Plan[Any]) -> dict[str, str | None]:
+    """The text of every document the plan writes (None: deleted)."""
+    return {key: None if w.doc is None else encode_doc(w.doc) for key, w in plan.writes.items()}
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """One run of ``cas.lua``.
+
+    :ivar doc_keys: the compared documents' logical keys, in ``KEYS`` order.
+    :ivar keys: every ``KEYS[i]`` (prefixed).
+    :ivar args: every ``ARGV[i]``.
+    """
+
+    doc_keys: list[str]
+    keys: list[str]
+    args: list[Any]
+
+
+def script_call(raw: dict[str, str | None], plan: Plan[Any], prefix: str) -> ScriptCall:
+    """The keys and arguments that apply ``plan`` if every document of ``raw``
+    (less the plan's unchecked keys) still holds the raw value read.
+
+    :raises RuntimeError: the plan writes a key it did not read, or cannot be
+        applied safely (:meth:`Plan.check`).
+    """
+    plan.check()
+    doc_keys = [k for k in raw if k not in plan.unchecked]
+    position = {k: i + 1 for i, k in enumerate(doc_keys)}
+    texts = serialized(plan)
+    writes = []
+    values: list[str] = []  # ARGV after the plan: the new documents
+    first_value = len(doc_keys) + 3  # ARGV position of the first of them
+    for key, write in plan.writes.items():
+        if key not in position:
+            raise RuntimeError(f"transaction wrote {key!r} without reading it")
+        value = texts[key]
+        if value is None:
+            writes.append([position[key], None, ttl_ms(write.ttl_s)])
+        else:
+            writes.append([position[key], first_value + len(values), ttl_ms(write.ttl_s)])
+            values.append(value)
+    index_keys = list(
+        dict.fromkeys([*(e.index for e in plan.index), *(name for name, _ in plan.trims)])
+    )
+    ipos = {k: i + 1 for i, k in enumerate(index_keys)}
+    index_ops = [
+        [ipos[e.index], e.member, None if e.score is None else repr(float(e.score))]
+        for e in plan.index
+    ]
+    trims = [[ipos[name], repr(float(below))] for name, below in plan.trims]
+    incr_keys = list(plan.increments)
+    first = len(doc_keys) + len(index_keys) + 1  # KEYS position of the first increment
+    increments = [
+        [first + i, inc.field, inc.delta, ttl_ms(inc.ttl_s)]
+        for i, inc in enumerate(plan.increments.values())
+    ]
+    keys = [prefix + k for k in [*doc_keys, *index_keys, *incr_keys]]
+    args: list[Any] = [
+        len(doc_keys),
+        *[raw[k] or "" for k in doc_keys],
+        json.dumps(
+            {"w": writes, "x": index_ops, "t": trims, "i": increments},
+            separators=(",", ":"),
+        ),
+        *values,
+    ]
+    return ScriptCall(doc_keys, keys, args)
