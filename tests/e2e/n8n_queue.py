@@ -35,7 +35,8 @@ from typing import Any
 
 import psycopg
 import requests
-from n8n_runtime import Install, N8n, unflatten
+
+from .n8n_runtime import Install, N8n, unflatten
 
 STARTED = re.compile(r"Worker started execution (\d+) \(job")
 
