@@ -465,7 +465,7 @@ def test_a_workflow_stop_cancels_the_executions_on_the_workers(queue: QueueStack
     before = set(queue.statuses())
     for i, wait_s in enumerate([SHORT_WAIT_S] * 3 + [LONG_WAIT_S] * 3):
         queue.fire(f"q-wf-{i}", wait_s)
-    parked = {k: v for k, v in queue.wait_for(len(before) + 6).items() if k not in before}
+    parked = queue.wait_for(6, since=before)
     assert len(parked) == 6, queue.statuses()
     deadline = time.monotonic() + 30
     while sorted(queue.statuses()[k] for k in parked) != ["running"] * 3 + ["waiting"] * 3:
@@ -497,11 +497,7 @@ def test_a_task_stop_reaches_the_sub_executions_that_acted_for_it(queue: QueueSt
     before = set(queue.statuses(CHILD_WORKFLOW))
     r = queue.n8n.webhook("loopstop-queue-parent", {"run": "sub-1", "wait_s": SHORT_WAIT_S})
     assert r.status_code == 200, r.text
-    children = {
-        k: v
-        for k, v in queue.wait_for(len(before) + 1, workflow=CHILD_WORKFLOW).items()
-        if k not in before
-    }
+    children = queue.wait_for(1, workflow=CHILD_WORKFLOW, since=before)
     assert list(children.values()) == ["running"], queue.statuses(CHILD_WORKFLOW)
     (child,) = children
     (parent,) = queue.wait_for(1, workflow=PARENT_WORKFLOW)

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,12 +233,21 @@ class Stack:
     def statuses(self, workflow: str = WORKFLOW) -> dict[str, str]:
         return {str(x["id"]): x["status"] for x in self.n8n.executions(workflow)}
 
-    def wait_for(self, count: int, timeout: float = 60, workflow: str = WORKFLOW) -> dict[str, str]:
-        """Until ``count`` executions are parked (running in the Wait, or waiting)."""
+    def wait_for(
+        self,
+        count: int,
+        timeout: float = 60,
+        workflow: str = WORKFLOW,
+        since: Collection[str] = (),
+    ) -> dict[str, str]:
+        """Until ``count`` executions are parked (running in the Wait, or waiting),
+        leaving out those whose ids are in ``since`` (the ones before a test)."""
         deadline = time.monotonic() + timeout
         while True:
             parked = {
-                k: v for k, v in self.statuses(workflow).items() if v in ("running", "waiting")
+                k: v
+                for k, v in self.statuses(workflow).items()
+                if v in ("running", "waiting") and k not in since
             }
             if len(parked) >= count or time.monotonic() > deadline:
                 return parked
@@ -325,7 +334,7 @@ def test_a_workflow_stop_cancels_every_parked_execution(stack: Stack) -> None:
     before = set(stack.statuses())
     for i, wait_s in enumerate((SHORT_WAIT_S, SHORT_WAIT_S, LONG_WAIT_S, LONG_WAIT_S)):
         stack.fire(f"wf-{i}", wait_s)
-    parked = {k: v for k, v in stack.wait_for(len(before) + 4).items() if k not in before}
+    parked = stack.wait_for(4, since=before)
     assert len(parked) == 4, stack.statuses()
     # Long waits are parked in the database (waiting), short ones stay in memory (running).
     deadline = time.monotonic() + 20
@@ -365,7 +374,7 @@ def test_a_chain_stop_cancels_only_that_chains_executions(stack: Stack) -> None:
     before = set(stack.statuses())
     stack.fire("chain-a", LONG_WAIT_S)
     stack.fire("chain-b", LONG_WAIT_S)
-    parked = {k: v for k, v in stack.wait_for(len(before) + 2).items() if k not in before}
+    parked = stack.wait_for(2, since=before)
     assert len(parked) == 2, stack.statuses()
     chains = {eid: str(stack.answer_of(eid, "Check Trigger")["chain_id"]) for eid in parked}
     (a_exec, a_chain), (b_exec, b_chain) = sorted(chains.items(), key=lambda kv: int(kv[0]))
