@@ -116,6 +116,18 @@ class Install:
         )
 
 
+def terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a process of ours if it runs: SIGTERM, SIGKILL after 30 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def build_node_package() -> Path:
     """``npm ci`` (when needed) and ``npm run build`` in ``n8n-nodes/``; returns its folder.
 
@@ -277,14 +289,7 @@ class N8n:
         raise RuntimeError(f"n8n not ready after {timeout} s: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        terminate(self.proc)
 
     def webhook(self, path: str, body: Any, timeout: float = 60) -> requests.Response:
         """POST to a production webhook, retrying while it is not registered yet (404)."""

@@ -95,6 +95,26 @@ def tokens_only(work: Path, token: str) -> Sidecar:
     return sidecar(work, config, {"LOOPSTOP_TOKEN_N8N": token}, workers=1)
 
 
+def sidecar_credentials(base: str, token: str, loop_stop: str) -> list[dict[str, Any]]:
+    """The examples' two credentials on the sidecar at ``base``: the Loop Stop API
+    (under the id ``loop_stop``) and the OpenAI one on the model gate
+    (``lsExModelGate001``), both with ``token``."""
+    return [
+        {
+            "id": loop_stop,
+            "name": "Loop Stop",
+            "type": "loopStopApi",
+            "data": {"baseUrl": base, "token": token},
+        },
+        {
+            "id": "lsExModelGate001",
+            "name": "Loop Stop model gate",
+            "type": "openAiApi",
+            "data": {"apiKey": token, "url": base + "/v1/openai"},
+        },
+    ]
+
+
 def rewrite(text: str, **addresses: str) -> str:
     """An example's text with its loopback addresses moved: ``sidecar`` (8765),
     ``recorder`` (8790), ``n8n`` (5678), ``model`` (8791)."""

@@ -36,7 +36,7 @@ from records import Records, serving  # noqa: E402
 from test_serve import Sidecar  # noqa: E402
 
 from .n8n_runtime import N8n  # noqa: E402
-from .shared import EXAMPLES, own, rewrite, sidecar  # noqa: E402
+from .shared import EXAMPLES, own, rewrite, sidecar, sidecar_credentials  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
@@ -108,18 +108,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, n8n: N8n) -> Iterator[Stack]
 
         credentials = n8n.add_credentials(
             [
-                {
-                    "id": "lsExLoopStopCred",
-                    "name": "Loop Stop",
-                    "type": "loopStopApi",
-                    "data": {"baseUrl": side.base, "token": TOKEN},
-                },
-                {
-                    "id": "lsExModelGate001",
-                    "name": "Loop Stop model gate",
-                    "type": "openAiApi",
-                    "data": {"apiKey": TOKEN, "url": side.base + "/v1/openai"},
-                },
+                *sidecar_credentials(side.base, TOKEN, loop_stop="lsExLoopStopCred"),
                 {
                     "id": "lsExDirectModel1",
                     "name": "Model, no gate",

@@ -39,7 +39,7 @@ from test_serve import Sidecar  # noqa: E402
 from . import shared  # noqa: E402
 from .gate_harness import node, variant  # noqa: E402
 from .n8n_runtime import N8n  # noqa: E402
-from .shared import EXAMPLES, rewrite, sidecar  # noqa: E402
+from .shared import EXAMPLES, rewrite, sidecar, sidecar_credentials  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
@@ -292,20 +292,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, n8n: N8n) -> Iterator[Stack]
             },
         )
         credentials = n8n.add_credentials(
-            [
-                {
-                    "id": "lsStopLoopCred01",
-                    "name": "Loop Stop",
-                    "type": "loopStopApi",
-                    "data": {"baseUrl": side.base, "token": TOKEN},
-                },
-                {
-                    "id": "lsExModelGate001",
-                    "name": "Loop Stop model gate",
-                    "type": "openAiApi",
-                    "data": {"apiKey": TOKEN, "url": side.base + "/v1/openai"},
-                },
-            ]
+            sidecar_credentials(side.base, TOKEN, loop_stop="lsStopLoopCred01")
         )
         flows = [
             _workflow(recorder),
