@@ -35,7 +35,8 @@ from typing import Any
 
 import psycopg
 import requests
-from n8n_runtime import Install, N8n, unflatten
+
+from .n8n_runtime import Install, N8n, terminate, unflatten
 
 STARTED = re.compile(r"Worker started execution (\d+) \(job")
 
@@ -187,10 +188,4 @@ class N8nWorker:
                     os.kill(int(child), signal.SIGKILL)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)

@@ -116,6 +116,18 @@ class Install:
         )
 
 
+def terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a process of ours if it runs: SIGTERM, SIGKILL after 30 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def build_node_package() -> Path:
     """``npm ci`` (when needed) and ``npm run build`` in ``n8n-nodes/``; returns its folder.
 
@@ -152,6 +164,7 @@ class N8n:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = home / "n8n.log"
         self._cli_port = broker_port + 1
+        self._rest: requests.Session | None = None
 
     @property
     def database(self) -> Path:
@@ -241,11 +254,19 @@ class N8n:
         """Activate at the next start (import deactivates what it imports)."""
         self.cli("publish:workflow", f"--id={workflow_id}")
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def start(self, timeout: float = 120) -> N8n:
-        """Start ``n8n start`` and wait for ``/healthz/readiness``.
+        """Start ``n8n start`` and wait for ``/healthz/readiness`` (nothing to do
+        when it runs).
 
         :raises RuntimeError: n8n exited or did not get ready in ``timeout`` seconds.
         """
+        if self.running:
+            return self
+        started = time.monotonic()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(self.install.node), str(self.install.n8n), "start"],
@@ -260,6 +281,7 @@ class N8n:
                 raise RuntimeError(f"n8n exited: {self.log.read_text()[-3000:]}")
             try:
                 if requests.get(self.base + "/healthz/readiness", timeout=1).status_code == 200:
+                    _log(f"n8n started in {time.monotonic() - started:.0f} s ({self.home.name})")
                     return self
             except requests.RequestException:
                 pass  # not listening yet, or busy migrating
@@ -267,13 +289,7 @@ class N8n:
         raise RuntimeError(f"n8n not ready after {timeout} s: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
 
     def webhook(self, path: str, body: Any, timeout: float = 60) -> requests.Response:
         """POST to a production webhook, retrying while it is not registered yet (404)."""
@@ -318,6 +334,61 @@ class N8n:
         )
         r.raise_for_status()
         return str(r.json()["data"]["rawApiKey"])
+
+    def rest(self) -> requests.Session:
+        """The owner's session for n8n's internal REST API (``/rest``), made once."""
+        if self._rest is None:
+            self._rest = self.owner_session()
+        return self._rest
+
+    def add_credentials(self, credentials: list[dict[str, Any]]) -> dict[str, str]:
+        """Create credentials in the running n8n (``POST /rest/credentials``).
+
+        n8n picks a credential's id itself: the answer maps the ``id`` each entry
+        was written with (as in a file for ``import:credentials``) to n8n's.
+        """
+        ids: dict[str, str] = {}
+        for cred in credentials:
+            body = {k: cred[k] for k in ("name", "type", "data")}
+            r = self.rest().post(self.base + "/rest/credentials", json=body, timeout=30)
+            if r.status_code != 200:
+                raise RuntimeError(f"credential {cred['id']}: {r.status_code} {r.text[:2000]}")
+            ids[cred["id"]] = str(r.json()["data"]["id"])
+        return ids
+
+    def add_workflows(
+        self,
+        workflows: list[dict[str, Any]],
+        credentials: dict[str, str],
+        publish: tuple[str, ...] = (),
+    ) -> None:
+        """Create workflows in the running n8n under their own ids, then publish some.
+
+        ``POST /rest/workflows`` keeps the id it is given (the public API picks
+        one); every credential a node names by an id in ``credentials`` is
+        pointed at n8n's id for it. ``POST /rest/workflows/<id>/activate``
+        publishes: the webhooks answer at once, no restart (a sub-workflow is
+        published before the flows that call it: ``publish`` is in order).
+
+        :raises RuntimeError: n8n refused a workflow or its publication (a
+            webhook path another workflow has, an unknown node type).
+        """
+        versions: dict[str, str] = {}
+        for wf in workflows:
+            body = {k: wf[k] for k in ("id", "name", "nodes", "connections", "settings") if k in wf}
+            body["nodes"] = [_with_credentials(node, credentials) for node in wf["nodes"]]
+            r = self.rest().post(self.base + "/rest/workflows", json=body, timeout=30)
+            if r.status_code != 200:
+                raise RuntimeError(f"workflow {wf['id']}: {r.status_code} {r.text[:2000]}")
+            versions[wf["id"]] = str(r.json()["data"]["versionId"])
+        for wid in publish:
+            r = self.rest().post(
+                f"{self.base}/rest/workflows/{wid}/activate",
+                json={"versionId": versions[wid]},
+                timeout=60,
+            )
+            if r.status_code != 200:
+                raise RuntimeError(f"publishing {wid}: {r.status_code} {r.text[:2000]}")
 
     def workflow_exists(self, workflow_id: str) -> bool:
         with sqlite3.connect(self.database) as db:
@@ -369,6 +440,18 @@ class N8n:
                 "select data from execution_data where executionId = ?", (str(execution_id),)
             ).fetchone()
         return unflatten(json.loads(row[0])) if row else None
+
+
+def _with_credentials(node: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+    """The node with each credential it names by a key of ``ids`` pointed at its value."""
+    refs = node.get("credentials")
+    if not refs:
+        return node
+    mapped = {
+        kind: {**ref, "id": ids[ref["id"]]} if ref.get("id") in ids else ref
+        for kind, ref in refs.items()
+    }
+    return {**node, "credentials": mapped}
 
 
 def unflatten(table: list[Any]) -> Any:

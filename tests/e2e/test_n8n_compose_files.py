@@ -2,11 +2,14 @@
 
 ``docs/getting-started.md`` ("With Docker Compose") brings up n8n, loopstop,
 Redis and the examples' two stand-ins, runs ``loopstop-import-examples`` in
-the n8n container and calls two webhooks. No Docker engine runs in CI, so
-this module runs the same pieces as processes: ``deploy/n8n/import-examples.sh``
-itself with the n8n CLI, loopstop on ``deploy/loopstop.yaml`` (only the
-stand-in model's address moved from ``model:8791`` to a free loopback port),
-and the stand-ins by the commands the compose file gives them. The
+the n8n container, restarts n8n and calls two webhooks. No Docker engine
+runs in CI, so this module runs the same pieces as processes: the script
+``deploy/n8n/import-examples.sh`` itself with the n8n CLI on the session's
+n8n (stopped for it, started again after: the restart), loopstop on
+``deploy/loopstop.yaml`` (only the stand-in model's address moved from
+``model:8791`` to a free loopback port), and the stand-ins by the commands
+the compose file gives them. The script's workflow ids and webhook paths
+are the shipped ones: no other module uses them in the session's n8n. The
 self-call loop ends at its depth and the gate-only agent is ended by the
 gate. Marked ``n8n``.
 """
@@ -28,10 +31,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 
-from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
-from served import Sidecar  # noqa: E402
-
 from conftest import free_port  # noqa: E402
+
+from .n8n_runtime import N8n  # noqa: E402
+from .shared import Sidecar, sidecar  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
@@ -67,45 +70,34 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, n8n_home: N8n) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("n8n-compose-files")
-    install = Install().ensure()
-    package = build_node_package()
     with ExitStack() as stack:
         records_port, model_port = free_port(), free_port()
         stack.callback(_stop, _stand_in("records.py", records_port))
         stack.callback(_stop, _stand_in("model.py", model_port))
         shipped = (ROOT / "deploy" / "loopstop.yaml").read_text()
         assert "http://model:8791/v1" in shipped
-        config = work / "loopstop.yaml"
-        config.write_text(shipped.replace("http://model:8791", f"http://127.0.0.1:{model_port}"))
-        sidecar = Sidecar(
+        side = sidecar(
             work,
-            {
-                "LOOPSTOP_CONFIG": str(config),
-                "LOOPSTOP_STORE": f"sqlite:///{work / 'loopstop.db'}",
-                "LOOPSTOP_TOKEN_N8N": TOKEN,
-                "LOOPSTOP_TOKEN_ADMIN": ADMIN,
-            },
-            workers=2,
+            shipped.replace("http://model:8791", f"http://127.0.0.1:{model_port}"),
+            {"LOOPSTOP_TOKEN_N8N": TOKEN, "LOOPSTOP_TOKEN_ADMIN": ADMIN},
         ).start()
-        stack.callback(sidecar.stop)
+        stack.callback(side.stop)
 
-        home = work / "n8n-home"
-        home.mkdir()
-        n8n = N8n(install, home, free_port(), free_port())
-        n8n.install_node_package(package)
+        n8n = n8n_home
+        n8n.stop()  # the walk-through imports, then restarts n8n
         records = f"http://127.0.0.1:{records_port}"
         env = {
             **n8n.env(n8n.broker_port + 1),  # the CLI's own task broker port, as cli() uses
             "LOOPSTOP_TOKEN_N8N": TOKEN,
-            "LOOPSTOP_URL": sidecar.base,
+            "LOOPSTOP_URL": side.base,
             "RECORDS_URL": records,
             "LOOPSTOP_EXAMPLES": str(ROOT / "workflows-examples"),
         }
         out = subprocess.run(
             ["sh", str(ROOT / "deploy" / "n8n" / "import-examples.sh")],
-            cwd=home,
+            cwd=n8n.home,
             env=env,
             capture_output=True,
             text=True,
@@ -114,9 +106,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "loopstop-gate-agent" in out.stdout  # it says what to call next
-        stack.callback(n8n.stop)
         n8n.start()
-        yield Stack(n8n, sidecar, records)
+        yield Stack(n8n, side, records)
 
 
 def test_the_self_call_loop_ends_at_its_depth(stack: Stack) -> None:

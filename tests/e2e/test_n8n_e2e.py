@@ -1,15 +1,18 @@
 """End to end with a real n8n: the example workflows against a real sidecar.
 
-One n8n 2.41.1 (headless, SQLite, loopback), one sidecar (``loopstop serve``
+The session's n8n 2.41.1 (``conftest.py``), one sidecar (``loopstop serve``
 on SQLite), a small system of record and a fake OpenAI-compatible model are
-started for the module; the examples in ``workflows-examples/`` are imported
-as shipped (only the loopback addresses are rewritten) and driven through
-their production webhooks. Marked ``n8n``: ``-m "not n8n"`` skips it.
+started for the module; the examples in ``workflows-examples/`` are added as
+shipped but for their loopback addresses and their ids and webhook paths,
+which end in ``-e2e`` (the session's n8n holds other copies of some), and
+driven through their production webhooks. Marked ``n8n``: ``-m "not n8n"``
+skips it.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 import uuid
@@ -25,26 +28,31 @@ import requests
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-
 sys.path.insert(0, str(HERE.parents[1] / "workflows-examples" / "stand-in"))
 
 from fake_llm import FakeLLM  # noqa: E402
 from fake_llm import serve as serve_fake_llm  # noqa: E402
-from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
 from records import Records, serving  # noqa: E402
 from served import Sidecar  # noqa: E402
 
-from conftest import free_port  # noqa: E402
+from .n8n_runtime import N8n  # noqa: E402
+from .shared import EXAMPLES, own, rewrite, sidecar, sidecar_credentials  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
-EXAMPLES = HERE.parents[1] / "workflows-examples"
 TOKEN = "e2e-n8n-token-0123456789"
 MAX_DEPTH = 3
 MAX_SAME_CALL = 2
 AGENT_MAX_ITERATIONS = 10
 #: The example task's model budget (guarded-tools-agent.json, Create Task's limits).
 AGENT_MAX_MODEL_CALLS = 8
+#: What this module's workflow ids and webhook paths end in.
+TAG = "e2e"
+
+
+def mine(name: str) -> str:
+    """A shipped workflow id or webhook path as this module's copy has it."""
+    return f"{name}-{TAG}"
 
 
 @dataclass
@@ -53,6 +61,8 @@ class Stack:
     sidecar: Sidecar
     records: Records
     llm: FakeLLM
+    #: n8n's credential id by the id the examples name
+    credentials: dict[str, str]
 
     def sidecar_get(self, path: str) -> Any:
         r = requests.get(
@@ -60,14 +70,6 @@ class Stack:
         )
         r.raise_for_status()
         return r.json()
-
-
-def _rewrite(text: str, n8n: str, sidecar: str, records: str) -> str:
-    return (
-        text.replace("http://localhost:5678", n8n)
-        .replace("http://127.0.0.1:8765", sidecar)
-        .replace("http://127.0.0.1:8790", records)
-    )
 
 
 def _direct_agent(agent: dict[str, Any]) -> dict[str, Any]:
@@ -86,11 +88,9 @@ def _direct_agent(agent: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, n8n: N8n) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("n8n-e2e")
     started = time.monotonic()
-    install = Install().ensure()
-    package = build_node_package()
     with ExitStack() as stack:
         records = Records()
         records_base = stack.enter_context(serving(records))
@@ -98,76 +98,43 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
         # The examples' own configuration, with the loopback addresses rewritten
         # and the upstream model pointed at the fake one.
-        config = work / "loopstop.yaml"
-        config.write_text(
-            (EXAMPLES / "loopstop.yaml")
-            .read_text()
-            .replace("http://127.0.0.1:8790", records_base)
-            .replace("http://127.0.0.1:8791/v1", llm.base)
-        )
-        sidecar = Sidecar(
+        config = (EXAMPLES / "loopstop.yaml").read_text()
+        side = sidecar(
             work,
-            {
-                "LOOPSTOP_CONFIG": str(config),
-                "LOOPSTOP_STORE": f"sqlite:///{work / 'loopstop.db'}",
-                "LOOPSTOP_TOKEN_N8N": TOKEN,
-            },
-            workers=2,
+            rewrite(config, recorder=records_base, model=llm.base),
+            {"LOOPSTOP_TOKEN_N8N": TOKEN},
         ).start()
-        stack.callback(sidecar.stop)
+        stack.callback(side.stop)
 
-        home = work / "n8n-home"
-        home.mkdir()
-        n8n = N8n(install, home, free_port(), free_port())
-        n8n.install_node_package(package)
-
-        creds = work / "credentials.json"
-        creds.write_text(
-            json.dumps(
-                [
-                    {
-                        "id": "lsExLoopStopCred",
-                        "name": "Loop Stop",
-                        "type": "loopStopApi",
-                        "data": {"baseUrl": sidecar.base, "token": TOKEN},
-                    },
-                    {
-                        "id": "lsExModelGate001",
-                        "name": "Loop Stop model gate",
-                        "type": "openAiApi",
-                        "data": {"apiKey": TOKEN, "url": sidecar.base + "/v1/openai"},
-                    },
-                    {
-                        "id": "lsExDirectModel1",
-                        "name": "Model, no gate",
-                        "type": "openAiApi",
-                        "data": {"apiKey": "sk-upstream-fake", "url": llm.base},
-                    },
-                ]
-            )
+        credentials = n8n.add_credentials(
+            [
+                *sidecar_credentials(side.base, TOKEN, loop_stop="lsExLoopStopCred"),
+                {
+                    "id": "lsExDirectModel1",
+                    "name": "Model, no gate",
+                    "type": "openAiApi",
+                    "data": {"apiKey": "sk-upstream-fake", "url": llm.base},
+                },
+            ]
         )
-        n8n.import_credentials(creds)
-        flows = work / "workflows"
-        flows.mkdir()
+        flows = []
         for example in sorted(EXAMPLES.glob("*.json")):
-            text = _rewrite(example.read_text(), n8n.base, sidecar.base, records_base)
-            (flows / example.name).write_text(text)
+            text = rewrite(
+                example.read_text(), n8n=n8n.base, sidecar=side.base, recorder=records_base
+            )
+            flows.append(json.loads(text))
             if example.name == "guarded-tools-agent.json":
-                direct = _direct_agent(json.loads(text))
-                (flows / "guarded-tools-agent-direct.json").write_text(json.dumps(direct))
-        n8n.import_workflow(flows)  # a folder: one CLI boot for all
-        for wid in (
+                flows.append(_direct_agent(flows[-1]))
+        published = (  # the agent's tool workflow before the agents that call it
+            "lsExAgentTool001",
             "lsExSelfCall0001",
             "lsExCrmWrite0001",
             "lsExAgent0000001",
             "lsExAgentDirect1",
-            "lsExAgentTool001",
-        ):
-            n8n.publish(wid)
-        stack.callback(n8n.stop)
-        n8n.start()
+        )
+        n8n.add_workflows(own(flows, TAG), credentials, publish=tuple(map(mine, published)))
         print(f"\n[n8n-e2e] stack ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        yield Stack(n8n, sidecar, records, llm)
+        yield Stack(n8n, side, records, llm, credentials)
 
 
 def _node_output(run: Any, node: str) -> list[list[dict[str, Any]]]:
@@ -183,7 +150,7 @@ def test_examples_import_and_every_node_type_exists(stack: Stack) -> None:
     for example in sorted(EXAMPLES.glob("*.json")):
         wf = json.loads(example.read_text())
         assert wf["settings"]["executionOrder"] == "v1"
-        assert stack.n8n.workflow_exists(wf["id"]), example.name
+        assert stack.n8n.workflow_exists(mine(wf["id"])), example.name
         for node in wf["nodes"]:
             versions = known.get(node["type"])
             assert versions is not None, f"{example.name}: {node['type']} is not a node of n8n"
@@ -193,8 +160,8 @@ def test_examples_import_and_every_node_type_exists(stack: Stack) -> None:
 
 
 def test_webhook_self_call_proceeds_max_depth_plus_one_then_drops(stack: Stack) -> None:
-    wid = "lsExSelfCall0001"
-    r = stack.n8n.webhook("loopstop-self-call", {"run": "e2e-1", "hop": 0})
+    wid = mine("lsExSelfCall0001")
+    r = stack.n8n.webhook(mine("loopstop-self-call"), {"run": "e2e-1", "hop": 0})
     assert r.status_code == 200, r.text
     rows = stack.n8n.wait_settled(wid, MAX_DEPTH + 2)
     time.sleep(3)  # a loop that failed to stop would show more executions by now
@@ -221,11 +188,11 @@ def test_webhook_self_call_proceeds_max_depth_plus_one_then_drops(stack: Stack) 
 
 
 def test_crm_write_creates_exactly_one_record(stack: Stack) -> None:
-    wid = "lsExCrmWrite0001"
+    wid = mine("lsExCrmWrite0001")
     before = len(stack.n8n.executions(wid))
 
     def deliver(order: dict[str, Any]) -> requests.Response:
-        return stack.n8n.webhook("loopstop-crm-write", order)
+        return stack.n8n.webhook(mine("loopstop-crm-write"), order)
 
     # Five deliveries of the same order at once: one writes (200), the others
     # answer 200 with the receipt (replay) or 503 "send again" (in progress).
@@ -279,9 +246,9 @@ def _agent_run(
 
 
 def test_agent_behind_the_model_gate_ends_with_the_final_message(stack: Stack) -> None:
-    wid = "lsExAgent0000001"
+    wid = mine("lsExAgent0000001")
     notes_before = len(stack.records.notes)
-    r, model_requests, row = _agent_run(stack, "loopstop-agent", wid, "T-1")
+    r, model_requests, row = _agent_run(stack, mine("loopstop-agent"), wid, "T-1")
     assert r.status_code == 200, r.text
     assert row["status"] == "success"
     answer = r.json()
@@ -309,9 +276,9 @@ def test_agent_behind_the_model_gate_ends_with_the_final_message(stack: Stack) -
 def test_agent_without_the_gate_runs_to_max_iterations(stack: Stack) -> None:
     """The same agent with its credential on the model itself: denied tool calls are
     only more tool output, so the model keeps asking until Max Iterations."""
-    wid = "lsExAgentDirect1"
+    wid = mine("lsExAgentDirect1")
     notes_before = len(stack.records.notes)
-    r, model_requests, row = _agent_run(stack, "loopstop-agent-direct", wid, "T-2")
+    r, model_requests, row = _agent_run(stack, mine("loopstop-agent-direct"), wid, "T-2")
     assert row["status"] == "error"
     assert model_requests == AGENT_MAX_ITERATIONS
     # The tools are still guarded: the side effect happened at most once.
@@ -323,15 +290,13 @@ def test_agent_without_the_gate_runs_to_max_iterations(stack: Stack) -> None:
     )
 
 
-def test_node_package_lints_builds_and_passes_its_unit_tests() -> None:
-    """``npm run lint && npm test`` in ``n8n-nodes/`` (n8n's own strict lint; the
-    unit tests stub the sidecar at n8n's HTTP helper)."""
-    import subprocess
-
-    package = build_node_package()
+def test_node_package_lints_builds_and_passes_its_unit_tests(node_package: Path) -> None:
+    """The session's build of ``n8n-nodes/`` (``node_package``), then ``npm run lint &&
+    npm test`` in it (n8n's own strict lint; the unit tests stub the sidecar at n8n's
+    HTTP helper)."""
     for script in ("lint", "test"):
         proc = subprocess.run(
-            ["npm", "run", script], cwd=package, capture_output=True, text=True, timeout=600
+            ["npm", "run", script], cwd=node_package, capture_output=True, text=True, timeout=600
         )
         assert proc.returncode == 0, (
             f"npm run {script}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
@@ -345,7 +310,7 @@ def test_credential_test_fails_a_wrong_token(stack: Stack) -> None:
     def test(token: str) -> dict[str, Any]:
         body = {
             "credentials": {
-                "id": "lsExLoopStopCred",
+                "id": stack.credentials["lsExLoopStopCred"],
                 "name": "Loop Stop",
                 "type": "loopStopApi",
                 "data": {"baseUrl": stack.sidecar.base, "token": token},

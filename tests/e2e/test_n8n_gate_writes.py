@@ -1,7 +1,7 @@
 """End to end: a native n8n write tool runs once per business operation
 through the model gate (DESIGN §5.1), in a real n8n 2.41.1.
 
-One n8n (headless, SQLite, loopback), one ``loopstop serve --workers 2``, the
+The session's n8n (``conftest.py``), one ``loopstop serve --workers 2``, the
 stand-in model (``workflows-examples/stand-in/model.py``) in ``write`` mode
 and a lead recorder (the CRM). The flow: a Webhook, an AI Agent (v3.1) whose
 OpenAI Chat Model (latest typeVersion, default options: the Responses API)
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +32,10 @@ sys.path.insert(0, str(HERE.parent))
 
 from fake_llm import FakeLLM  # noqa: E402
 from fake_llm import serve as serve_fake_llm  # noqa: E402
-from local_http import JsonHandler, running  # noqa: E402
-from n8n_runtime import Install, N8n  # noqa: E402
 from served import Sidecar  # noqa: E402
 
-from conftest import free_port  # noqa: E402
+from .n8n_runtime import N8n  # noqa: E402
+from .shared import Recorder, sidecar  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
@@ -48,32 +45,11 @@ GATED, DIRECT, RETRIED = "lsGateWrite00001", "lsGateWriteDir01", "lsGateWriteRtr
 FAILING = "refused@example.com"
 
 
-@dataclass
-class Leads:
-    """What the HTTP Request Tool posted to the CRM (one entry per tool execution)."""
-
-    posted: list[dict[str, Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def of(self, email: str) -> list[dict[str, Any]]:
-        return [p for p in self.posted if p.get("email") == email]
-
-
-def _crm(leads: Leads) -> type[BaseHTTPRequestHandler]:
-    class Handler(JsonHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.loads(raw or b"{}")
-            with leads.lock:
-                leads.posted.append(body)
-                n = len(leads.posted)
-            if str(body.get("email")).startswith("refused"):
-                return self._json(422, {"message": "email refused"})
-            self._json(201, {"id": f"lead-{n}", "email": body.get("email")})
-
-    return Handler
+def _crm(path: str, body: dict[str, Any], n: int) -> tuple[int, Any]:
+    """The CRM's answer to the n-th lead: refused (422) for a ``refused*`` email."""
+    if str(body.get("email")).startswith("refused"):
+        return 422, {"message": "email refused"}
+    return 201, {"id": f"lead-{n}", "email": body.get("email")}
 
 
 def _flow(wid: str, path: str, credential: str, crm: str, retry: bool = False) -> dict[str, Any]:
@@ -162,7 +138,8 @@ class Stack:
     n8n: N8n
     sidecar: Sidecar
     llm: FakeLLM
-    leads: Leads
+    #: what the HTTP Request Tool posted to the CRM (one entry per tool execution)
+    leads: Recorder
 
     def deliver(self, wid: str, path: str, key: str, email: str) -> dict[str, Any]:
         """Deliver the webhook once; returns n8n's execution row once it settled."""
@@ -187,18 +164,21 @@ class Stack:
         )
         return dict(r.json())
 
+    def of(self, email: str) -> list[dict[str, Any]]:
+        """The leads posted for ``email``."""
+        return self.leads.where("email", email)
+
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, n8n: N8n) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("n8n-gate-writes")
-    install = Install().ensure()
     with ExitStack() as stack:
-        leads = Leads()
-        crm = stack.enter_context(running(_crm(leads)))
+        leads = Recorder(_crm)
+        crm = stack.enter_context(leads.serve())
         llm = stack.enter_context(serve_fake_llm())
         llm.mode, llm.fail_once = "write", True
-        config = work / "loopstop.yaml"
-        config.write_text(
+        side = sidecar(
+            work,
             "tokens:\n"
             "  - {name: n8n, env: LOOPSTOP_TOKEN_N8N, workflows: ['*']}\n"
             "model_gate:\n"
@@ -209,55 +189,36 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "    kind: write\n"
             "    operation_id: 'crm-lead:{email}'\n"
             "    lease_s: 120\n"
-            "    committed_when: 'id != null'\n"
-        )
-        sidecar = Sidecar(
-            work,
-            {
-                "LOOPSTOP_CONFIG": str(config),
-                "LOOPSTOP_STORE": f"sqlite:///{work / 'loopstop.db'}",
-                "LOOPSTOP_TOKEN_N8N": TOKEN,
-            },
-            workers=2,
+            "    committed_when: 'id != null'\n",
+            {"LOOPSTOP_TOKEN_N8N": TOKEN},
         ).start()
-        stack.callback(sidecar.stop)
-        home = work / "n8n-home"
-        home.mkdir()
-        n8n = N8n(install, home, free_port(), free_port())
-        creds = work / "credentials.json"
-        creds.write_text(
-            json.dumps(
-                [
-                    {
-                        "id": "lsGateWritesGate",
-                        "name": "lsGateWritesGate",
-                        "type": "openAiApi",
-                        "data": {"apiKey": TOKEN, "url": sidecar.base + "/v1/openai"},
-                    },
-                    {
-                        "id": "lsGateWritesDirc",
-                        "name": "lsGateWritesDirc",
-                        "type": "openAiApi",
-                        "data": {"apiKey": "sk-direct", "url": llm.base},
-                    },
-                ]
-            )
+        stack.callback(side.stop)
+        credentials = n8n.add_credentials(
+            [
+                {
+                    "id": "lsGateWritesGate",
+                    "name": "lsGateWritesGate",
+                    "type": "openAiApi",
+                    "data": {"apiKey": TOKEN, "url": side.base + "/v1/openai"},
+                },
+                {
+                    "id": "lsGateWritesDirc",
+                    "name": "lsGateWritesDirc",
+                    "type": "openAiApi",
+                    "data": {"apiKey": "sk-direct", "url": llm.base},
+                },
+            ]
         )
-        n8n.import_credentials(creds)
-        flows = work / "workflows"
-        flows.mkdir()
-        for wf in (
-            _flow(GATED, "gate-writes", "lsGateWritesGate", crm),
-            _flow(DIRECT, "direct-writes", "lsGateWritesDirc", crm),
-            _flow(RETRIED, "gate-writes-retry", "lsGateWritesGate", crm, retry=True),
-        ):
-            (flows / f"{wf['id']}.json").write_text(json.dumps(wf))
-        n8n.import_workflow(flows)
-        for wid in (GATED, DIRECT, RETRIED):
-            n8n.publish(wid)
-        stack.callback(n8n.stop)
-        n8n.start()
-        yield Stack(n8n, sidecar, llm, leads)
+        n8n.add_workflows(
+            [
+                _flow(GATED, "gate-writes", "lsGateWritesGate", crm),
+                _flow(DIRECT, "direct-writes", "lsGateWritesDirc", crm),
+                _flow(RETRIED, "gate-writes-retry", "lsGateWritesGate", crm, retry=True),
+            ],
+            credentials,
+            publish=(GATED, DIRECT, RETRIED),
+        )
+        yield Stack(n8n, side, llm, leads)
 
 
 def _tool_outputs(req: dict[str, Any]) -> list[str]:
@@ -269,13 +230,13 @@ def test_a_webhook_delivered_again_writes_the_lead_once(stack: Stack) -> None:
     before = len(stack.llm.requests)
     first = stack.deliver(GATED, "gate-writes", "lead-ana", email)
     assert first["status"] == "error"  # the upstream failed after the write
-    assert len(stack.leads.of(email)) == 1
+    assert len(stack.of(email)) == 1
     outputs = [o for r in stack.llm.requests[before:] for o in _tool_outputs(r)]
     print(f"\n[gate-writes] HTTP Request Tool output (201): {outputs}", file=sys.stderr)
     assert email in outputs[0] and "lead-" in outputs[0]
     second = stack.deliver(GATED, "gate-writes", "lead-ana", email)
     assert second["status"] == "success"
-    assert len(stack.leads.of(email)) == 1  # never written twice
+    assert len(stack.of(email)) == 1  # never written twice
     task = stack.task("lead-ana")
     assert task["envelope"] is None
     assert [e["decision"] for e in task["gate_exchanges"]] == ["replay"]
@@ -285,14 +246,14 @@ def test_without_the_gate_the_lead_is_written_twice(stack: Stack) -> None:
     email = "bo@example.com"
     assert stack.deliver(DIRECT, "direct-writes", "lead-bo", email)["status"] == "error"
     assert stack.deliver(DIRECT, "direct-writes", "lead-bo", email)["status"] == "success"
-    assert len(stack.leads.of(email)) == 2
+    assert len(stack.of(email)) == 2
 
 
 def test_retry_on_fail_on_the_agent_writes_once(stack: Stack) -> None:
     email = "cy@example.com"
     run = stack.deliver(RETRIED, "gate-writes-retry", "lead-cy", email)
     assert run["status"] == "success"
-    assert len(stack.leads.of(email)) == 1
+    assert len(stack.of(email)) == 1
 
 
 def test_the_same_write_twice_in_one_run_and_two_leads(stack: Stack) -> None:
@@ -300,14 +261,14 @@ def test_the_same_write_twice_in_one_run_and_two_leads(stack: Stack) -> None:
     try:
         email = "di@example.com"
         assert stack.deliver(GATED, "gate-writes", "lead-di", email)["status"] == "success"
-        assert len(stack.leads.of(email)) == 1
+        assert len(stack.of(email)) == 1
     finally:
         stack.llm.fail_once, stack.llm.writes = True, 1
     stack.llm.fail_once = False
     try:
         for other in ("ed@example.com", "flo@example.com"):
             assert stack.deliver(GATED, "gate-writes", "lead-two", other)["status"] == "success"
-        assert len(stack.leads.of("ed@example.com")) == len(stack.leads.of("flo@example.com")) == 1
+        assert len(stack.of("ed@example.com")) == len(stack.of("flo@example.com")) == 1
     finally:
         stack.llm.fail_once = True
 
@@ -349,7 +310,7 @@ def test_an_error_output_is_never_written_again(stack: Stack) -> None:
             "unknown_commit",
         )
         stack.deliver(GATED, "gate-writes", "lead-refused", FAILING)
-        assert len(stack.leads.of(FAILING)) == 1
+        assert len(stack.of(FAILING)) == 1
         r = requests.get(
             stack.sidecar.base + "/v1/operations",
             params={"state": "unknown", "workflow": "leads"},

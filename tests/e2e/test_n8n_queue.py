@@ -38,11 +38,14 @@ sys.path.insert(0, str(HERE.parents[1] / "workflows-examples" / "stand-in"))
 
 from fake_llm import serve as serve_fake_llm  # noqa: E402
 from local_http import running  # noqa: E402
-from n8n_queue import N8nWorker, QueueN8n  # noqa: E402
-from n8n_runtime import Install, build_node_package  # noqa: E402
 from records import Records, serving  # noqa: E402
 from served import Sidecar  # noqa: E402
-from test_n8n_stops import (  # noqa: E402
+
+from conftest import PostgresServer, RedisServer, free_port  # noqa: E402
+
+from .n8n_queue import N8nWorker, QueueN8n  # noqa: E402
+from .n8n_runtime import Install  # noqa: E402
+from .test_n8n_stops import (  # noqa: E402
     ADMIN,
     AGENT_WORKFLOW,
     CONFIRM_S,
@@ -54,12 +57,9 @@ from test_n8n_stops import (  # noqa: E402
     Recorder,
     _agent_workflow,
     _by_id,
-    _recorder_handler,
     _workflow,
 )
-from test_n8n_stops import Stack as StopsStack  # noqa: E402
-
-from conftest import PostgresServer, RedisServer, free_port  # noqa: E402
+from .test_n8n_stops import Stack as StopsStack  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
@@ -284,11 +284,10 @@ def _subflows(recorder: str, loopstop: str) -> tuple[dict[str, Any], dict[str, A
 
 
 @pytest.fixture(scope="session")
-def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QueueStack]:
+def queue(tmp_path_factory: pytest.TempPathFactory, node_package: Path) -> Iterator[QueueStack]:
     work = tmp_path_factory.mktemp("n8n-queue")
     started = time.monotonic()
     install = Install().ensure()
-    package = build_node_package()
     with ExitStack() as stack:
         pg = PostgresServer().start()
         stack.callback(pg.cleanup)
@@ -300,7 +299,7 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QueueStack]:
         stack.callback(redis.stop)
         rec = Recorder()
         stack.callback(rec.release.set)  # held tool calls go before the servers stop
-        recorder = stack.enter_context(running(_recorder_handler(rec)))
+        recorder = stack.enter_context(rec.serve())
         records = Records()
         crm = stack.enter_context(serving(records))
         llm = stack.enter_context(serve_fake_llm())
@@ -308,7 +307,7 @@ def queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QueueStack]:
         home = work / "n8n-main"
         home.mkdir()
         n8n = QueueN8n(install, home, free_port(), free_port(), f"{base_url}/n8n", redis.port)
-        n8n.install_node_package(package)
+        n8n.install_node_package(node_package)
 
         config = work / "loopstop.yaml"
         config.write_text(
@@ -466,7 +465,7 @@ def test_a_workflow_stop_cancels_the_executions_on_the_workers(queue: QueueStack
     before = set(queue.statuses())
     for i, wait_s in enumerate([SHORT_WAIT_S] * 3 + [LONG_WAIT_S] * 3):
         queue.fire(f"q-wf-{i}", wait_s)
-    parked = {k: v for k, v in queue.wait_for(len(before) + 6).items() if k not in before}
+    parked = queue.wait_for(6, since=before)
     assert len(parked) == 6, queue.statuses()
     deadline = time.monotonic() + 30
     while sorted(queue.statuses()[k] for k in parked) != ["running"] * 3 + ["waiting"] * 3:
@@ -498,11 +497,7 @@ def test_a_task_stop_reaches_the_sub_executions_that_acted_for_it(queue: QueueSt
     before = set(queue.statuses(CHILD_WORKFLOW))
     r = queue.n8n.webhook("loopstop-queue-parent", {"run": "sub-1", "wait_s": SHORT_WAIT_S})
     assert r.status_code == 200, r.text
-    children = {
-        k: v
-        for k, v in queue.wait_for(len(before) + 1, workflow=CHILD_WORKFLOW).items()
-        if k not in before
-    }
+    children = queue.wait_for(1, workflow=CHILD_WORKFLOW, since=before)
     assert list(children.values()) == ["running"], queue.statuses(CHILD_WORKFLOW)
     (child,) = children
     (parent,) = queue.wait_for(1, workflow=PARENT_WORKFLOW)

@@ -1,6 +1,6 @@
 """End to end with a real n8n 2.41.1: a loopstop stop cancels the executions in n8n.
 
-One n8n (headless, SQLite, loopback) with its public API on and an API key
+The session's n8n (``conftest.py``) with its public API on and an API key
 this module creates (scopes ``execution:list``, ``execution:read``,
 ``execution:stop``), one sidecar (``loopstop serve``) configured with that
 key, and a local recorder standing for the side effect. The workflow checks
@@ -20,9 +20,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +34,12 @@ sys.path.insert(0, str(HERE.parent))
 
 from fake_llm import FakeLLM  # noqa: E402
 from fake_llm import serve as serve_fake_llm  # noqa: E402
-from local_http import JsonHandler, running  # noqa: E402
-from n8n_runtime import Install, N8n, build_node_package  # noqa: E402
 from served import Sidecar  # noqa: E402
-from test_n8n_gate import EXAMPLE, _node, _rewrite, _variant  # noqa: E402
 
-from conftest import free_port  # noqa: E402
+from . import shared  # noqa: E402
+from .gate_harness import node, variant  # noqa: E402
+from .n8n_runtime import N8n  # noqa: E402
+from .shared import EXAMPLES, rewrite, sidecar, sidecar_credentials  # noqa: E402
 
 pytestmark = pytest.mark.n8n
 
@@ -53,40 +53,38 @@ SHORT_WAIT_S = 12  # kept in memory by n8n: "running"
 LONG_WAIT_S = 90  # parked in the database: "waiting"
 
 
-@dataclass
-class Recorder:
+class Recorder(shared.Recorder):
     """What reached the step after the Wait node (or after the agent), and the agent's
-    tool calls, each held until ``release`` is set (a slow API the agent waits on)."""
+    tool calls (``/notes``), each held until ``release`` is set (a slow API the agent
+    waits on)."""
 
-    seen: list[dict[str, Any]] = field(default_factory=list)
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    release: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self) -> None:
+        super().__init__(self._held)
+        self.release = threading.Event()
 
+    def _held(self, path: str, body: dict[str, Any], n: int) -> tuple[int, Any]:
+        if path.startswith("/notes"):
+            self.release.wait(60)
+            return 201, {"saved": True}
+        return 200, {"ok": True}
 
-def _recorder_handler(rec: Recorder) -> type[JsonHandler]:
-    class Handler(JsonHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.loads(raw or b"{}")
-            if self.path.startswith("/notes"):
-                with rec.lock:
-                    rec.tools.append(body)
-                rec.release.wait(60)
-                return self._json(201, {"saved": True})
-            with rec.lock:
-                rec.seen.append(body)
-            self._json(200, {"ok": True})
+    @property
+    def seen(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [body for path, body in self.posts if not path.startswith("/notes")]
 
-    return Handler
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return self.bodies("/notes")
 
 
 def _agent_workflow(recorder: str, sidecar: str) -> dict[str, Any]:
     """The shipped gate-only agent, answering its webhook at once, telling the gate its
     workflow and execution id (a task stop reaches only executions of the task's
     workflow), and posting to the recorder after the agent."""
-    example = json.loads(_rewrite(EXAMPLE.read_text(), sidecar, recorder))
-    wf = _variant(
+    text = (EXAMPLES / "gate-only-agent.json").read_text()
+    example = json.loads(rewrite(text, sidecar=sidecar, recorder=recorder))
+    wf = variant(
         example,
         AGENT_WORKFLOW,
         "loopstop-stop-agent",
@@ -95,7 +93,7 @@ def _agent_workflow(recorder: str, sidecar: str) -> dict[str, Any]:
         "loopstop-execution: {{ $execution.id }}\n"
         "You are a support agent. Use add_note to add one note to the ticket.",
     )
-    _node(wf, "Webhook")["parameters"]["responseMode"] = "onReceived"
+    node(wf, "Webhook")["parameters"]["responseMode"] = "onReceived"
     wf["nodes"].append(
         {
             "id": str(uuid.uuid4()),
@@ -235,12 +233,21 @@ class Stack:
     def statuses(self, workflow: str = WORKFLOW) -> dict[str, str]:
         return {str(x["id"]): x["status"] for x in self.n8n.executions(workflow)}
 
-    def wait_for(self, count: int, timeout: float = 60, workflow: str = WORKFLOW) -> dict[str, str]:
-        """Until ``count`` executions are parked (running in the Wait, or waiting)."""
+    def wait_for(
+        self,
+        count: int,
+        timeout: float = 60,
+        workflow: str = WORKFLOW,
+        since: Collection[str] = (),
+    ) -> dict[str, str]:
+        """Until ``count`` executions are parked (running in the Wait, or waiting),
+        leaving out those whose ids are in ``since`` (the ones before a test)."""
         deadline = time.monotonic() + timeout
         while True:
             parked = {
-                k: v for k, v in self.statuses(workflow).items() if v in ("running", "waiting")
+                k: v
+                for k, v in self.statuses(workflow).items()
+                if v in ("running", "waiting") and k not in since
             }
             if len(parked) >= count or time.monotonic() > deadline:
                 return parked
@@ -259,79 +266,46 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, n8n: N8n) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("n8n-stops")
     started = time.monotonic()
-    install = Install().ensure()
-    package = build_node_package()
     with ExitStack() as stack:
         rec = Recorder()
         stack.callback(rec.release.set)  # let held tool calls go before the server stops
-        recorder = stack.enter_context(running(_recorder_handler(rec)))
+        recorder = stack.enter_context(rec.serve())
         llm = stack.enter_context(serve_fake_llm())
-        home = work / "n8n-home"
-        home.mkdir()
-        n8n = N8n(install, home, free_port(), free_port())
-        n8n.install_node_package(package)
-        config = work / "loopstop.yaml"
-        config.write_text(
+        side = sidecar(
+            work,
             "tokens:\n"
             "  - {name: n8n, env: LOOPSTOP_TOKEN_N8N, workflows: ['*']}\n"
             "  - {name: operator, env: LOOPSTOP_TOKEN_ADMIN, workflows: ['*'], admin: true}\n"
             "chains:\n  default: {rate_limit: 1000}\n"
             f"n8n: {{api_url: '{n8n.base}/api/v1', api_key_env: E2E_N8N_API_KEY,"
             f" timeout_s: 5, confirm_s: {CONFIRM_S}}}\n"
-            f"model_gate: {{upstream_url: '{llm.base}', api_key_env: E2E_UPSTREAM_KEY}}\n"
-        )
-        sidecar = Sidecar(
-            work,
+            f"model_gate: {{upstream_url: '{llm.base}', api_key_env: E2E_UPSTREAM_KEY}}\n",
             {
-                "LOOPSTOP_CONFIG": str(config),
-                "LOOPSTOP_STORE": f"sqlite:///{work / 'loopstop.db'}",
                 "LOOPSTOP_TOKEN_N8N": TOKEN,
                 "LOOPSTOP_TOKEN_ADMIN": ADMIN,
                 "E2E_UPSTREAM_KEY": "sk-upstream-fake",
+                # a key of the owner's for n8n's public API; the sidecar starts with it
+                "E2E_N8N_API_KEY": n8n.create_api_key(),
             },
-            workers=2,
         )
-        creds = work / "credentials.json"
-        creds.write_text(
-            json.dumps(
-                [
-                    {
-                        "id": "lsStopLoopCred01",
-                        "name": "Loop Stop",
-                        "type": "loopStopApi",
-                        "data": {"baseUrl": sidecar.base, "token": TOKEN},
-                    },
-                    {
-                        "id": "lsExModelGate001",
-                        "name": "Loop Stop model gate",
-                        "type": "openAiApi",
-                        "data": {"apiKey": TOKEN, "url": sidecar.base + "/v1/openai"},
-                    },
-                ]
-            )
+        credentials = n8n.add_credentials(
+            sidecar_credentials(side.base, TOKEN, loop_stop="lsStopLoopCred01")
         )
-        n8n.import_credentials(creds)
-        flows = work / "workflows"
-        flows.mkdir()
-        (flows / "wait.json").write_text(json.dumps(_workflow(recorder)))
-        (flows / "task.json").write_text(json.dumps(_workflow(recorder, task=True)))
-        (flows / "agent.json").write_text(json.dumps(_agent_workflow(recorder, sidecar.base)))
-        n8n.import_workflow(flows)
-        for wid in (WORKFLOW, TASK_WORKFLOW, AGENT_WORKFLOW):
-            n8n.publish(wid)
-        stack.callback(n8n.stop)
-        n8n.start()
-        # The key is made by the owner once n8n runs; the sidecar starts with it.
-        sidecar.env["E2E_N8N_API_KEY"] = n8n.create_api_key()
-        sidecar.start()
-        stack.callback(sidecar.stop)
+        flows = [
+            _workflow(recorder),
+            _workflow(recorder, task=True),
+            _agent_workflow(recorder, side.base),
+        ]
+        n8n.add_workflows(flows, credentials, publish=(WORKFLOW, TASK_WORKFLOW, AGENT_WORKFLOW))
+        side.start()
+        stack.callback(side.stop)
         print(
             f"\n[n8n-e2e] stops stack ready in {time.monotonic() - started:.0f} s", file=sys.stderr
         )
-        yield Stack(n8n, sidecar, rec, llm)
+        yield Stack(n8n, side, rec, llm)
 
 
 def _by_id(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -347,7 +321,7 @@ def test_a_workflow_stop_cancels_every_parked_execution(stack: Stack) -> None:
     before = set(stack.statuses())
     for i, wait_s in enumerate((SHORT_WAIT_S, SHORT_WAIT_S, LONG_WAIT_S, LONG_WAIT_S)):
         stack.fire(f"wf-{i}", wait_s)
-    parked = {k: v for k, v in stack.wait_for(len(before) + 4).items() if k not in before}
+    parked = stack.wait_for(4, since=before)
     assert len(parked) == 4, stack.statuses()
     # Long waits are parked in the database (waiting), short ones stay in memory (running).
     deadline = time.monotonic() + 20
@@ -387,7 +361,7 @@ def test_a_chain_stop_cancels_only_that_chains_executions(stack: Stack) -> None:
     before = set(stack.statuses())
     stack.fire("chain-a", LONG_WAIT_S)
     stack.fire("chain-b", LONG_WAIT_S)
-    parked = {k: v for k, v in stack.wait_for(len(before) + 2).items() if k not in before}
+    parked = stack.wait_for(2, since=before)
     assert len(parked) == 2, stack.statuses()
     chains = {eid: str(stack.answer_of(eid, "Check Trigger")["chain_id"]) for eid in parked}
     (a_exec, a_chain), (b_exec, b_chain) = sorted(chains.items(), key=lambda kv: int(kv[0]))
