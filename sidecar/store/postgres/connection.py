@@ -195,7 +195,7 @@ class Pool(psycopg_pool.ConnectionPool[PooledConnection]):
     its own workers holds the last reference stops without joining that one.
 
     (psycopg_pool's ``_closed`` and ``_signal_stop_worker`` are its own names:
-    ``tests/test_store_postgres_driver.py`` fails when they move.)
+    ``tests/stores/test_conformance.py`` fails when they move.)
     """
 
     def __del__(self) -> None:
