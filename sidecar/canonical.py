@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import os
 import secrets
 from collections.abc import Iterable, Mapping
@@ -62,10 +63,48 @@ def canonical_json(value: Any) -> bytes:
     :raises ValueError: when the value holds NaN or an infinity (not JSON;
         RFC 8785 §3.2.2.3) or a non-JSON type.
     """
+    if _plain(value, 0):
+        # No float, every key ASCII: the standard library writes the same bytes
+        # (keys in code-unit order, the same escapes, integers as digits).
+        try:
+            return json.dumps(
+                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: not Unicode text
+            raise ValueError(str(exc)) from exc
     try:
         return rfc8785.dumps(_to_js_numbers(value))
     except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
         raise ValueError(str(exc)) from exc
+
+
+#: How deep :func:`_plain` looks before leaving a value to ``rfc8785``.
+_PLAIN_DEPTH = 32
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """True when ``value``'s RFC 8785 form is what :func:`json.dumps` writes
+    with sorted keys, compact separators and ``ensure_ascii=False``: only
+    dicts with ASCII keys (sorting by UTF-16 code units and by code points
+    agree on them), lists, strings (both escape only ``"``, ``\\`` and control
+    characters, the same way), integers within :data:`MAX_SAFE_INTEGER`,
+    booleans and null. Floats (ES6 number form) and anything else are not.
+    """
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if kind is dict:
+        for k, v in value.items():
+            if type(k) is not str or not k.isascii() or not _plain(v, depth + 1):
+                return False
+        return True
+    if kind is list:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
 
 
 @dataclass(frozen=True)
