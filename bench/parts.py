@@ -212,10 +212,19 @@ def instrument_sidecar(parts: Parts, app: Any) -> None:
 
 
 def instrument_floor(parts: Parts, work: dict[str, Callable[[str], None]]) -> None:
-    """Wrap the floor's parts: its store work (the routes' ``work`` dict)."""
+    """Wrap the floor's parts: its store work (the routes' ``work`` dict) and its
+    answer's ``json.dumps``."""
+    import json
+    import types
+
+    import floors
+
     instrument_common(parts)
     for name, fn in list(work.items()):
         work[name] = parts.wrap("transaction", fn)
+    floors.json = types.SimpleNamespace(  # type: ignore[assignment]
+        dumps=parts.wrap("render", json.dumps), loads=json.loads
+    )
 
 
 # -- the driver ---------------------------------------------------------------
@@ -362,27 +371,25 @@ def _sidecar(url: str, tmp: Any) -> tuple[Any, Callable[[int], list[str]]]:
     return app, make_tasks
 
 
-def _floor(parts: Parts, url: str) -> Any:
-    import json
+def _floor(url: str) -> tuple[Any, dict[str, Callable[[str], None]]]:
+    """The floor's app on ``url`` and its store work (the dict its routes call)."""
     import os
-    import types
 
     import floors
 
     os.environ["FLOOR_STORE"] = url
     make_work = floors.redis_work
+    kept: dict[str, Callable[[str], None]] = {}
 
-    def wrapped_work(u: str) -> Any:
-        work = make_work(u)
-        instrument_floor(parts, work)
-        return work
+    def keep(u: str) -> Any:
+        kept.update(make_work(u))
+        return kept  # the routes look their work up in this dict at each request
 
-    floors.redis_work = wrapped_work  # type: ignore[assignment]
-    # The floor's answer: json.dumps and a Response (render).
-    floors.json = types.SimpleNamespace(  # type: ignore[assignment]
-        dumps=parts.wrap("render", json.dumps), loads=json.loads
-    )
-    return floors.create_app()
+    floors.redis_work = keep  # type: ignore[assignment]
+    try:
+        return floors.create_app(), kept
+    finally:
+        floors.redis_work = make_work  # type: ignore[assignment]
 
 
 def metrics_cost() -> int:
@@ -403,9 +410,10 @@ def t(f):
     s = time.process_time()
     for _ in range(N): f()
     return (time.process_time() - s) / N * 1e9
-print(f"{sys.argv[1]:<14} labels+inc {t(lambda: c.labels('operations.begin', 'execute', 'new').inc()):6.0f} ns"
-      f"  bound inc {t(bound.inc):6.0f} ns  labels+observe {t(lambda: h.labels('operations.begin').observe(0.002)):6.0f} ns"
-      f"  bound observe {t(lambda: hb.observe(0.002)):6.0f} ns")
+inc = t(lambda: c.labels("operations.begin", "execute", "new").inc())
+observe = t(lambda: h.labels("operations.begin").observe(0.002))
+print(f"{sys.argv[1]:<13} labels+inc {inc:5.0f} ns, bound inc {t(bound.inc):5.0f} ns, "
+      f"labels+observe {observe:5.0f} ns, bound observe {t(lambda: hb.observe(0.002)):5.0f} ns")
 """
     import os
     import sys
@@ -436,47 +444,71 @@ def main(args: Any) -> int:
     if args.store != "redis":
         print("the in-process profile runs on redis only", file=sys.stderr)
         return 2
-    redis_proc, port, client = run.start_redis(tmp)
+    redis_proc, port, _client = run.start_redis(tmp)
     url = f"redis://127.0.0.1:{port}/0"
-    results: dict[str, dict[str, dict[str, float]]] = {}
     try:
         parts = Parts()  # one: the shared libraries' wrappers report to it
-        floor = Driver(parts, _floor(parts, url), run.TOKEN, "f")
+        floor_app, floor_work = _floor(url)
+        floor = Driver(parts, floor_app, run.TOKEN, "f")
         floor.tasks = [f"t{i:020x}" for i in range(16)]
         app, make_tasks = _sidecar(url, tmp)
         side = Driver(parts, app, run.TOKEN, "s")
         side.tasks = make_tasks(16)
-        instrument_sidecar(parts, app)
         routes = [r for r in args.scenarios.split(",") if r in ROUTES]
-        for driver in (floor, side):  # warm up every route
+        sides = (("floor", floor), ("sidecar", side))
+        for _, driver in sides:  # warm up every route
             for route in routes:
                 driver.run(route, 200)
-        for route in routes:
-            for tag, driver in (("floor", floor), ("sidecar", side)):
-                driver.parts.totals.clear()
-                driver.parts.requests = 0
-                driver.run(route, args.requests)
-                results.setdefault(route, {})[tag] = driver.parts.per_request_us()
+
+        def measure(into: dict[str, dict[str, list[dict[str, float]]]]) -> None:
+            # Rounds alternate the two sides, so both see the same moments of load.
+            for _ in range(args.rounds):
+                for route in routes:
+                    for tag, driver in sides:
+                        parts.totals.clear()
+                        parts.requests = 0
+                        driver.run(route, args.requests // args.rounds)
+                        into.setdefault(route, {}).setdefault(tag, []).append(
+                            parts.per_request_us()
+                        )
+
+        # First with no part wrapped (the true total: a wrapper costs about a
+        # microsecond), then with every part wrapped (the split).
+        plain: dict[str, dict[str, list[dict[str, float]]]] = {}
+        measure(plain)
+        instrument_floor(parts, floor_work)
+        instrument_sidecar(parts, app)
+        split: dict[str, dict[str, list[dict[str, float]]]] = {}
+        measure(split)
     finally:
         redis_proc.terminate()
         redis_proc.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
+
+    def best(rounds: list[dict[str, float]]) -> dict[str, float]:
+        return min(rounds, key=lambda r: sum(r.values()))  # the least disturbed round
+
     print(
         f"\nCPU microseconds per request, in process on redis ({args.requests} requests a "
-        f"route, load average {os.getloadavg()[0]:.1f}): floor / sidecar\n"
+        f"route in {args.rounds} rounds, the least of the rounds; load average "
+        f"{os.getloadavg()[0]:.1f}): floor / sidecar\n"
     )
-    head = f"{'part':<14}" + "".join(f" {r:>22}" for r in routes)
-    print(head)
-    for part in (*PART_NAMES, "total"):
+    print(f"{'part':<14}" + "".join(f" {r:>22}" for r in routes))
+    for part in PART_NAMES:
         cells = []
         for route in routes:
-            f, s = results[route]["floor"], results[route]["sidecar"]
-            fv = sum(f.values()) if part == "total" else f.get(part, 0.0)
-            sv = sum(s.values()) if part == "total" else s.get(part, 0.0)
-            cells.append(f" {fv:>10.0f} / {sv:>9.0f}")
+            f, sc = best(split[route]["floor"]), best(split[route]["sidecar"])
+            cells.append(f" {f.get(part, 0.0):>10.0f} / {sc.get(part, 0.0):>9.0f}")
         print(f"{part:<14}" + "".join(cells))
-    ratios = [
-        sum(results[r]["floor"].values()) / sum(results[r]["sidecar"].values()) for r in routes
-    ]
+    for label, table in (("total (split)", split), ("total (plain)", plain)):
+        cells = []
+        for route in routes:
+            f, sc = best(table[route]["floor"]), best(table[route]["sidecar"])
+            cells.append(f" {sum(f.values()):>10.0f} / {sum(sc.values()):>9.0f}")
+        print(f"{label:<14}" + "".join(cells))
+    ratios = []
+    for route in routes:
+        f, sc = best(plain[route]["floor"]), best(plain[route]["sidecar"])
+        ratios.append(sum(f.values()) / sum(sc.values()))
     print(f"{'floor/sidecar':<14}" + "".join(f" {x:>22.2f}" for x in ratios))
     return 0
