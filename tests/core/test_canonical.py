@@ -100,3 +100,15 @@ def test_the_standard_library_path_writes_rfc8785s_bytes(value: object) -> None:
     from sidecar.canonical import _to_js_numbers
 
     assert canonical_json(value) == rfc8785.dumps(_to_js_numbers(value))
+
+
+@given(st.binary(min_size=16, max_size=200), st.binary(max_size=300))
+def test_secret_mac_is_rfc2104_hmac_sha256(key: bytes, message: bytes) -> None:
+    """The MAC every fingerprint and key hash uses is HMAC-SHA256, keys longer
+    than a block included."""
+    import hashlib
+    import hmac
+
+    from sidecar.canonical import Secret
+
+    assert Secret(key).hmac_hex(message) == hmac.new(key, message, hashlib.sha256).hexdigest()
