@@ -1,21 +1,27 @@
-"""Where a decision's time goes beyond its store's floor: a sampling profile of
-one live worker per route, the sidecar's beside the floor's, in microseconds of
-interpreter time per request.
+"""Where a decision's time goes beyond its store's floor, per route, in
+microseconds of CPU time per request, the sidecar's beside the floor's.
 
-    .venv/bin/pip install py-spy     # a bench-only tool; apt-get install wrk
-    .venv/bin/python bench/profile.py [--store redis] [--duration 10]
+    .venv/bin/python bench/profile.py [--store redis] [--requests 2000]
+    .venv/bin/python bench/profile.py --metrics-cost      # prometheus, per call
+    .venv/bin/python bench/profile.py --sample [--duration 10]   # py-spy on gunicorn
 
-For each route (begin, begin+commit, activation, tool call+result) it serves
-the floor (bench/floors.py: the bare route plus the least store work of that
-decision) and then the sidecar, each with one gunicorn worker of ``loopstop
+By default it runs in process (``bench/parts.py``): the floor's app
+(bench/floors.py) and the sidecar's (``create_app``, logging one decision
+line per request to a discarded stream, prometheus in multiprocess mode as
+under ``loopstop serve``) on the same private redis-server, each route's
+requests sent through the WSGI callable, and each part's CPU time
+(:func:`time.process_time`, so time waiting on the store is not counted)
+split into parse, auth, validate, fingerprint, service, transaction, store
+client, render, log, metrics and the framework's rest. CPU time is much less
+sensitive to the machine's load than a throughput; it leaves out gunicorn's
+HTTP parsing, which is the same on both sides.
+
+``--sample`` is the older whole-server view: for each route it serves the
+floor and then the sidecar, each with one gunicorn worker of ``loopstop
 serve``'s class and settings, drives it with wrk (the routes' scripts of
 bench/run.py) and samples the worker with py-spy (``--gil``: only the thread
-holding the interpreter, so Python time, not time spent waiting on a socket
-or on the store). Each sample is given to the innermost frame that belongs to
-one of :data:`PARTS` (a ``json`` call counts for whoever made it: the log
-line, the store layer, the view); the table prints each part's interpreter
-time per request on both sides, and their difference, which is where the
-sidecar's time beyond the floor goes.
+holding the interpreter). Each sample is given to the innermost frame that
+belongs to one of :data:`PARTS` (a ``json`` call counts for whoever made it).
 """
 
 from __future__ import annotations
@@ -123,15 +129,8 @@ def measure(
     return figures, parts
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--store", default="redis", choices=("redis", "sqlite", "postgres"))
-    ap.add_argument("--duration", type=int, default=10, help="seconds per run")
-    ap.add_argument("--connections", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rate", type=int, default=500, help="samples per second")
-    ap.add_argument("--scenarios", default=",".join(run.SCENARIOS))
-    args = ap.parse_args()
+def sample_main(args: argparse.Namespace) -> int:
+    """The py-spy profile of live gunicorn workers (``--sample``)."""
     if not shutil.which("wrk"):
         print("wrk is missing: apt-get install wrk", file=sys.stderr)
         return 2
@@ -204,6 +203,28 @@ def main() -> int:
         tf, ts = sum(fp.values()), sum(sp.values())
         print(f"  {'total':<36} {tf:>9.0f} {ts:>11.0f} {ts - tf:>10.0f}\n")
     return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", default="redis", choices=("redis", "sqlite", "postgres"))
+    ap.add_argument("--sample", action="store_true", help="py-spy on gunicorn workers")
+    ap.add_argument("--metrics-cost", action="store_true", help="prometheus calls, timed")
+    ap.add_argument("--requests", type=int, default=3000, help="requests per route (in process)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each route (in process)")
+    ap.add_argument("--duration", type=int, default=10, help="seconds per run (--sample)")
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rate", type=int, default=500, help="samples per second (--sample)")
+    ap.add_argument("--scenarios", default=",".join(run.SCENARIOS))
+    args = ap.parse_args()
+    if args.sample:
+        return sample_main(args)
+    import parts
+
+    if args.metrics_cost:
+        return parts.metrics_cost()
+    return parts.main(args)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -347,6 +348,36 @@ def seed_redis(client: redis.Redis, n: int) -> None:
         client.mset({f"loopstop:p:op:seed-{i}": doc for i in range(start, min(n, start + 10_000))})
 
 
+#: Short names of the scenarios for ``--routes``.
+ROUTE_NAMES = {
+    "begin": "begin",
+    "begin_commit": "begin+commit",
+    "activation": "activation",
+    "tool_call": "tool call+result",
+    "model_turn": "model turn",
+}
+
+
+def print_vs_floor(
+    bases: dict[str, dict[str, dict[str, Any]]], rows: list[tuple[str, str, dict[str, Any]]]
+) -> None:
+    """One line per store and route: the floor's and the sidecar's decisions/s and
+    p99, the ratio, and on Redis the round trips and commands per decision."""
+    print(
+        f"{'store':<10} {'route':<18} {'floor /s':>9} {'floor p99':>10} {'sidecar /s':>11} "
+        f"{'p99 ms':>8} {'vs floor':>9} {'RTT/dec':>8} {'cmds/dec':>9} {'non-2xx':>8}"
+    )
+    for name, scenario, f in rows:
+        floor = bases[f"floor {name}"][scenario]
+        rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
+        cmds = f"{f['commands']:.2f}" if "commands" in f else ""
+        print(
+            f"{name:<10} {scenario:<18} {floor['per_s']:>9.0f} {floor['p99_ms']:>10.2f} "
+            f"{f['per_s']:>11.0f} {f['p99_ms']:>8.2f} {f['vs_floor']:>9.2f} {rtt:>8} "
+            f"{cmds:>9} {f['errors'] + f['non_2xx']:>8}"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="loopstop benchmarks (wrk)")
     ap.add_argument("--duration", type=int, default=10, help="seconds per run")
@@ -361,9 +392,29 @@ def main() -> int:
     ap.add_argument(
         "--quick", action="store_true", help="3 s a run, no size run: a first look in about 2 min"
     )
+    ap.add_argument(
+        "--routes",
+        default=",".join(SCENARIOS),
+        help="comma-separated scenarios (begin, begin+commit or begin_commit, activation, "
+        "tool_call, model_turn)",
+    )
+    ap.add_argument(
+        "--vs-floor",
+        action="store_true",
+        help="only the floors and the sidecar (no bare route, no size run); "
+        "print decisions/s, p99 and vs floor per route",
+    )
     args = ap.parse_args()
     if args.quick:
         args.duration, args.no_size = 3, True
+    if args.vs_floor:
+        args.no_size = True
+    scenarios = [ROUTE_NAMES.get(r, r) for r in args.routes.split(",")]
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown or not scenarios:
+        print(f"unknown routes: {unknown}; choose from {', '.join(ROUTE_NAMES)}", file=sys.stderr)
+        return 2
+    load_at_start = os.getloadavg()
     if not shutil.which("wrk"):
         print("wrk is missing: apt-get install wrk", file=sys.stderr)
         return 2
@@ -388,7 +439,7 @@ def main() -> int:
             "redis": f"redis://127.0.0.1:{redis_port}/0",
             "postgres": pg_url,
         }
-        targets: list[tuple[str, str | None]] = [("bare", None)]
+        targets: list[tuple[str, str | None]] = [] if args.vs_floor else [("bare", None)]
         targets += [
             (f"floor {name}", f"sqlite:///{tmp}/floor.db" if name == "sqlite" else url)
             for name, url in store_urls.items()
@@ -398,7 +449,7 @@ def main() -> int:
             bare, bare_base = start_bare(args.workers, url, upstream)
             warm_up(bare_base, args, {**env, "BENCH_RUN": f"warm{label[-3:]}"})
             bases[label] = {}
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 calls0 = redis_calls(client)
                 figures = wrk(
                     bare_base,
@@ -419,7 +470,7 @@ def main() -> int:
             failed = sum(f["errors"] + f["non_2xx"] for f in bases[label].values())
             if failed:
                 raise RuntimeError(f"the {label} baseline answered {failed} errors")
-        baseline = bases["bare"]
+        baseline = bases.get("bare", {})
         client.flushdb()
         stores = {name: url for name, url in store_urls.items() if name in chosen}
         for name, url in stores.items():
@@ -428,7 +479,7 @@ def main() -> int:
             proc, base = start_sidecar(url, workdir, args.workers, upstream)
             try:
                 warm_up(base, args, {**env, "BENCH_RUN": f"warm{name}"})
-                for scenario in SCENARIOS:
+                for scenario in scenarios:
                     extra = {"BENCH_RUN": f"{name}{scenario[:3]}"}
                     if scenario.startswith(("tool", "model")):
                         extra["BENCH_TASKS"] = make_tasks(base, 2 * args.connections)
@@ -449,7 +500,9 @@ def main() -> int:
                         figures["conflicts"] = (conflicts - conflicts0) / n
                     if name == "redis":
                         figures["commands"] = (redis_calls(client) - calls0) / n
-                    figures["ratio"] = figures["per_s"] / baseline[scenario]["per_s"]
+                    figures["ratio"] = (
+                        figures["per_s"] / baseline[scenario]["per_s"] if baseline else math.nan
+                    )
                     figures["vs_floor"] = (
                         figures["per_s"] / bases[f"floor {name}"][scenario]["per_s"]
                     )
@@ -484,8 +537,12 @@ def main() -> int:
 
     print(
         f"\nloopstop benchmarks: {args.workers} gunicorn workers, wrk -t{args.threads} "
-        f"-c{args.connections} -d{args.duration}s, {os.cpu_count()} cores\n"
+        f"-c{args.connections} -d{args.duration}s, {os.cpu_count()} cores, load average "
+        f"{load_at_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end\n"
     )
+    if args.vs_floor:
+        print_vs_floor(bases, rows)
+        return 0
     print(
         f"{'target':<14} {'scenario':<18} {'decisions/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
         f"{'p99 ms':>8} {'vs bare':>8} {'vs floor':>8} {'RTT/dec':>8} {'cmds/dec':>8} "
@@ -493,7 +550,7 @@ def main() -> int:
     )
     for label, by_scenario in bases.items():
         for scenario, f in by_scenario.items():
-            ratio = f["per_s"] / baseline[scenario]["per_s"]
+            ratio = f["per_s"] / baseline[scenario]["per_s"] if baseline else math.nan
             cmds = f"{f['commands']:.2f}" if "commands" in f else ""
             print(
                 f"{label:<14} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "

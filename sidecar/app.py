@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import requests
 from flask import Flask, Request, Response, g, request
@@ -187,43 +187,48 @@ def create_app(
 
     @app.before_request
     def _start() -> None:
-        g.started = time.perf_counter()
-        incoming = request.headers.get("X-Request-Id", "")
-        g.request_id = incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex
+        scope = g._get_current_object()  # one proxy look-up, not one per attribute
+        scope.started = time.perf_counter()
+        incoming = _current().headers.get("X-Request-Id", "")
+        scope.request_id = incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex
 
     @app.after_request
     def _stamp(resp: Response) -> Response:
-        resp.headers["X-Request-Id"] = g.get("request_id", "")
-        resp.headers.setdefault("Cache-Control", "no-store")
-        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
-        if request.path.startswith("/ui"):
+        headers = resp.headers
+        headers["X-Request-Id"] = g.get("request_id", "")
+        headers.setdefault("Cache-Control", "no-store")
+        headers.setdefault("X-Content-Type-Options", "nosniff")
+        if _current().path.startswith("/ui"):
             # No page of another site may frame the operator page (clickjacking).
-            resp.headers["X-Frame-Options"] = "DENY"
-            resp.headers["Content-Security-Policy"] = UI_CSP
+            headers["X-Frame-Options"] = "DENY"
+            headers["Content-Security-Policy"] = UI_CSP
         return resp
 
     @app.before_request
     def _authenticate() -> None:
-        api = request.path == "/v1" or request.path.startswith("/v1/")
+        req = _current()
+        path = req.path
+        api = path == "/v1" or path.startswith("/v1/")
         try:
             if tokens.open:
                 # Without tokens, every route (/metrics, /readyz too) answers loopback
                 # names only: a page on a foreign name resolving to 127.0.0.1 reads nothing.
-                check_host(request.headers.get("Host"), request.scheme, _bound_port())
-            if not api and not request.path.startswith("/ui"):
+                check_host(req.headers.get("Host"), req.scheme, _bound_port())
+            if not api and not path.startswith("/ui"):
                 return
-            _refuse_web_pages(api)
+            _refuse_web_pages(req, api)
             if api:
                 # The gate's routes read the token where their API's client puts its key.
-                sources = model_gate.token_sources(request.path)
+                sources = model_gate.token_sources(path)
                 g.principal = tokens.authenticate_token(
-                    presented_token(model_gate.lower_headers(), request.args, sources),
-                    request.remote_addr,
+                    # werkzeug's headers look a name up case-insensitively: no copy.
+                    presented_token(cast("Mapping[str, str]", req.headers), req.args, sources),
+                    req.remote_addr,
                     sources,
                 )
         except LoopstopError as exc:
             if exc.status in (401, 403, 421):
-                auth_failure(exc, request.path, request.remote_addr, None)
+                auth_failure(exc, path, req.remote_addr, None)
             raise
 
     app.register_blueprint(meta.public)
@@ -261,7 +266,13 @@ def _bound_port() -> int | None:
     return int(name[1]) if isinstance(name, tuple) and len(name) >= 2 else None
 
 
-def _refuse_web_pages(api: bool) -> None:
+def _current() -> Request:
+    """The request itself, not its proxy (each attribute read through
+    ``flask.request`` looks the context up again)."""
+    return cast(Request, request._get_current_object())  # type: ignore[attr-defined]
+
+
+def _refuse_web_pages(req: Request, api: bool) -> None:
     """What no web page may do (DESIGN "HTTP conventions"): send a state-changing
     ``/v1`` request a form or a simple ``fetch`` can send (415), or act from
     another origin (403). (Without tokens, a foreign host name, DNS rebinding,
@@ -269,9 +280,10 @@ def _refuse_web_pages(api: bool) -> None:
 
     :raises ForeignOrigin, UnsupportedMediaType:
     """
-    check_origin(request.headers.get("Origin"), request.headers.get("Host"), request.scheme)
-    if api and request.method in _STATE_CHANGING and request.routing_exception is None:
-        mimetype = request.mimetype
+    headers = req.headers
+    check_origin(headers.get("Origin"), headers.get("Host"), req.scheme)
+    if api and req.method in _STATE_CHANGING and req.routing_exception is None:
+        mimetype = req.mimetype
         if mimetype != "application/json" and not (
             mimetype.startswith("application/") and mimetype.endswith("+json")
         ):

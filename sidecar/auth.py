@@ -91,7 +91,8 @@ def presented_token(
     or a query parameter; a ``bearer`` header's value after ``Bearer``), None
     when it sends none of them (or a bearer header of another scheme).
 
-    :param headers: the request's headers, their names in lower case.
+    :param headers: the request's headers, looked up by lower-case name (keys in
+        lower case, or a case-insensitive mapping such as werkzeug's ``Headers``).
     """
     for source in sources:
         value = query.get(source.query) if source.query else headers.get(source.header.lower())

@@ -15,8 +15,9 @@ match.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
-import hmac
+import json
 import os
 import secrets
 from collections.abc import Iterable, Mapping
@@ -62,10 +63,54 @@ def canonical_json(value: Any) -> bytes:
     :raises ValueError: when the value holds NaN or an infinity (not JSON;
         RFC 8785 §3.2.2.3) or a non-JSON type.
     """
+    if _plain(value, 0):
+        # No float, every key ASCII: the standard library writes the same bytes
+        # (keys in code-unit order, the same escapes, integers as digits).
+        try:
+            return json.dumps(
+                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: not Unicode text
+            raise ValueError(str(exc)) from exc
     try:
         return rfc8785.dumps(_to_js_numbers(value))
     except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
         raise ValueError(str(exc)) from exc
+
+
+#: How deep :func:`_plain` looks before leaving a value to ``rfc8785``.
+_PLAIN_DEPTH = 32
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """True when ``value``'s RFC 8785 form is what :func:`json.dumps` writes
+    with sorted keys, compact separators and ``ensure_ascii=False``: only
+    dicts with ASCII keys (sorting by UTF-16 code units and by code points
+    agree on them), lists, strings (both escape only ``"``, ``\\`` and control
+    characters, the same way), integers within :data:`MAX_SAFE_INTEGER`,
+    booleans and null. Floats (ES6 number form) and anything else are not.
+    """
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if kind is dict:
+        for k, v in value.items():
+            if type(k) is not str or not k.isascii() or not _plain(v, depth + 1):
+                return False
+        return True
+    if kind is list:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
+#: SHA-256's block size and the HMAC pads as translation tables (RFC 2104 §2).
+_BLOCK = 64
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 @dataclass(frozen=True)
@@ -79,9 +124,27 @@ class Secret:
 
     key: bytes
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         return hashlib.sha256(b"loopstop-secret-id:" + self.key).hexdigest()[:12]
+
+    @functools.cached_property
+    def _pads(self) -> tuple[Any, Any]:
+        """SHA-256 states after the key's inner and outer pads (RFC 2104 §2),
+        computed once; each MAC copies them."""
+        key = self.key if len(self.key) <= _BLOCK else hashlib.sha256(self.key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
+
+    def hmac_hex(self, message: bytes) -> str:
+        """``HMAC-SHA256(key, message)`` as hex (RFC 2104; what :func:`hmac.new`
+        computes, without setting the key up again on every call)."""
+        inner_pad, outer_pad = self._pads
+        inner = inner_pad.copy()
+        inner.update(message)
+        outer = outer_pad.copy()
+        outer.update(inner.digest())
+        return str(outer.hexdigest())
 
     def __repr__(self) -> str:
         return f"Secret(id={self.id!r})"
@@ -113,7 +176,7 @@ class Fingerprinter:
         :raises ValueError: when ``value`` is not canonicalizable JSON.
         """
         secret = self.current if secret_id is None else self._by_id[secret_id]
-        return hmac.new(secret.key, canonical_json(value), hashlib.sha256).hexdigest()
+        return secret.hmac_hex(canonical_json(value))
 
     def fingerprints(self, value: Any) -> dict[str, str]:
         """The fingerprint of ``value`` under every known secret, keyed by secret id.
@@ -123,9 +186,7 @@ class Fingerprinter:
         configured finds no entry and cannot be matched.
         """
         data = canonical_json(value)
-        return {
-            sid: hmac.new(s.key, data, hashlib.sha256).hexdigest() for sid, s in self._by_id.items()
-        }
+        return {sid: s.hmac_hex(data) for sid, s in self._by_id.items()}
 
     def mac(self, message: str, secret_id: str | None = None) -> str:
         """HMAC-SHA256 of a text message, hex, under the current (or a named) secret.
@@ -133,7 +194,7 @@ class Fingerprinter:
         :raises KeyError: when ``secret_id`` names no known secret.
         """
         secret = self.current if secret_id is None else self._by_id[secret_id]
-        return hmac.new(secret.key, message.encode(), hashlib.sha256).hexdigest()
+        return secret.hmac_hex(message.encode())
 
     def key_hash(self, kind: str, value: str) -> str:
         """A short keyed hash of an identity (an event key, an address) for store keys.

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -84,6 +85,9 @@ class Metrics:
         self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
         self.registry = CollectorRegistry()
         self._known = frozenset(known_labels) | {""}
+        #: (route, decision, reason) label values -> the decision counter's and
+        #: the latency histogram's children (:meth:`decided`).
+        self._bound: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         r = self.registry
         self.decisions = Counter(
             "loopstop_decisions_total",
@@ -164,6 +168,25 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+
+    def decided(self, route: str, decision: str, reason: str, elapsed_s: float | None) -> None:
+        """Count one decision (and observe its latency when known).
+
+        The labelled children are looked up once per (route, decision,
+        reason) label values and kept, so a decision costs one increment and
+        one observation. The cache is bounded as the series are: the routes
+        and the product's own names, anything else counted as ``other``.
+        """
+        key = (route, self.label(decision), self.label(reason))
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = (
+                self.decisions.labels(*key),
+                self.decision_seconds.labels(route),
+            )
+        if elapsed_s is not None:
+            bound[1].observe(elapsed_s)
+        bound[0].inc()
 
     def label(self, value: str) -> str:
         """A decision or reason as a label value: one of the product's own names, else

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 
-from flask import Blueprint, Response, g, jsonify
+from flask import Blueprint, Response, g
 
+from sidecar.api.answer import json_answer
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import (
     ActivationBody,
@@ -85,7 +86,7 @@ def activate() -> Response:
         execution_mode=body.execution_mode,
         execution_id=body.execution_id,
     )
-    return jsonify(ActivationResponse.of(result).model_dump(mode="json"))
+    return json_answer(ActivationResponse.of(result))
 
 
 @route(
@@ -128,7 +129,7 @@ def register_effect() -> Response:
         execution_mode=body.execution_mode,
     )
     view = EffectResponse.of(chain, effect, len(body.targets()))
-    return jsonify(view.model_dump(mode="json"))
+    return json_answer(view)
 
 
 def _chain_answer(info: ChainInfo, ns: str, cancellation: Cancellation | None = None) -> Response:
@@ -142,7 +143,7 @@ def _chain_answer(info: ChainInfo, ns: str, cancellation: Cancellation | None = 
         chain=ChainView.of(info.chain, info.stop, rt.clock()),
         cancellation=CancellationView.of(recorded),
     )
-    return jsonify(view.model_dump(mode="json"))
+    return json_answer(view)
 
 
 @route(
@@ -241,7 +242,7 @@ def _workflow_answer(
     view = WorkflowResponse(
         workflow=workflow, stopped=StopView.of(stop), cancellation=CancellationView.of(recorded)
     )
-    return jsonify(view.model_dump(mode="json"))
+    return json_answer(view)
 
 
 @route(

@@ -7,6 +7,7 @@ import re
 from flask import Blueprint, Response, g, jsonify
 from pydantic import BaseModel, JsonValue
 
+from sidecar.api.answer import json_answer
 from sidecar.api.body import check_path, parse_body
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import RequestBody
@@ -82,4 +83,4 @@ def run_check(name: str) -> Response:
         revision=result.revision,
         evidence=result.evidence,
     )
-    return jsonify(view.model_dump(mode="json"))
+    return json_answer(view)

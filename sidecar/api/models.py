@@ -238,10 +238,13 @@ class OperationView(BaseModel):
 
     @classmethod
     def of(cls, op: Operation, ns: str) -> OperationView:
+        """The view of a stored record: built without validation (``model_construct``),
+        as every field already has its type (the record's own, read by its mapper)."""
+
         def stamped(d: dict[str, Any] | None) -> dict[str, Any] | None:
             return None if d is None else {**d, "at": rfc3339(d.get("at"))}
 
-        return cls(
+        return cls.model_construct(
             operation_id=op.operation_id,
             state=op.state,
             attempt=op.attempt,
@@ -269,7 +272,7 @@ class BeginResponse(BaseModel):
     @classmethod
     def of(cls, outcome: BeginOutcome, ns: str) -> BeginResponse:
         op = outcome.operation
-        return cls(
+        return cls.model_construct(
             decision=outcome.decision,
             reason=outcome.reason,
             operation=None if op is None else OperationView.of(op, ns),

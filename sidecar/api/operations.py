@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flask import Blueprint, Response, g, jsonify
+from flask import Blueprint, Response, g
 
+from sidecar.api.answer import json_answer
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.decisions import log_decision
 from sidecar.api.models import (
@@ -57,7 +58,7 @@ def _operation_id(operation_id: str) -> str:
 
 
 def _answer(op: Operation, ns: str) -> Response:
-    return jsonify(OperationResponse(operation=OperationView.of(op, ns)).model_dump(mode="json"))
+    return json_answer(OperationResponse(operation=OperationView.of(op, ns)))
 
 
 def _settled(
@@ -117,7 +118,7 @@ def begin(operation_id: str) -> Response:
         execution_mode=body.execution_mode,
         execution_id=body.execution_id,
     )
-    return jsonify(BeginResponse.of(outcome, ns).model_dump(mode="json"))
+    return json_answer(BeginResponse.of(outcome, ns))
 
 
 @route(
@@ -221,4 +222,4 @@ def list_operations() -> Response:
     view = OperationPage(
         items=[OperationView.of(op, ns) for op in page.items], next_cursor=page.next_cursor
     )
-    return jsonify(view.model_dump(mode="json"))
+    return json_answer(view)

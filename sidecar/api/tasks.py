@@ -6,8 +6,9 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import Blueprint, Response, g, jsonify
+from flask import Blueprint, Response, g
 
+from sidecar.api.answer import json_answer
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import cancellation_view, outlier_view
 from sidecar.api.decisions import log_decision
@@ -61,9 +62,7 @@ def _answer(
 ) -> Response:
     """Answer with :func:`~sidecar.api.task_models.render`."""
     view = render(task, runtime().clock(), outcome, checked, **shown)
-    resp = jsonify(view.model_dump(mode="json"))
-    resp.status_code = status
-    return resp
+    return json_answer(view, status)
 
 
 def _log(route_name: str, task: Task, decision: Any, reason: Any, **fields: Any) -> None:

@@ -101,10 +101,18 @@ class ChainService:
             + [o.chain_ttl_s for o in chains.workflows.values() if o.chain_ttl_s]
         )
         self.records = Chains(self.longest_chain_s)
+        # Built once per worker: the policy of every configured workflow and the
+        # default's, and the fingerprints an absent field has.
+        self._limits = {name: chains.for_workflow(name).to_core() for name in chains.workflows}
+        self._default_limits = chains.default.to_core()
+        self._missing = (
+            fingerprinter.fingerprint(core.normalize_scalar(None)),
+            fingerprinter.fingerprint(None),
+        )
 
     def limits(self, workflow: str | None) -> ChainLimits:
         """The chain policy of ``workflow`` (defaults plus its overrides)."""
-        return self.config.for_workflow(workflow).to_core()
+        return self._limits.get(workflow or "", self._default_limits)
 
     # -- fingerprints ------------------------------------------------------------
 
@@ -113,8 +121,8 @@ class ChainService:
         return FieldPrints(
             normal={k: self.fp.fingerprint(core.normalize_scalar(v)) for k, v in fields.items()},
             strict={k: self.fp.fingerprint(v) for k, v in fields.items()},
-            missing_normal=self.fp.fingerprint(core.normalize_scalar(None)),
-            missing_strict=self.fp.fingerprint(None),
+            missing_normal=self._missing[0],
+            missing_strict=self._missing[1],
         )
 
     # -- activations -------------------------------------------------------------

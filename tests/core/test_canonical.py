@@ -78,3 +78,37 @@ def test_canonical_json_is_stable_through_a_round_trip(value: object) -> None:
 
     once = canonical_json(value)
     assert canonical_json(json.loads(once)) == once
+
+
+PLAIN_KEYS = st.text(st.characters(max_codepoint=0x7F), max_size=6)
+PLAIN = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.text(st.characters(blacklist_categories=("Cs",))),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(PLAIN_KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(PLAIN | JSON)
+def test_the_standard_library_path_writes_rfc8785s_bytes(value: object) -> None:
+    """ "Fingerprints and markers": values with no float and ASCII keys are written
+    by ``json.dumps``; the bytes are the RFC 8785 library's."""
+    import rfc8785
+
+    from sidecar.canonical import _to_js_numbers
+
+    assert canonical_json(value) == rfc8785.dumps(_to_js_numbers(value))
+
+
+@given(st.binary(min_size=16, max_size=200), st.binary(max_size=300))
+def test_secret_mac_is_rfc2104_hmac_sha256(key: bytes, message: bytes) -> None:
+    """The MAC every fingerprint and key hash uses is HMAC-SHA256, keys longer
+    than a block included."""
+    import hashlib
+    import hmac
+
+    from sidecar.canonical import Secret
+
+    assert Secret(key).hmac_hex(message) == hmac.new(key, message, hashlib.sha256).hexdigest()

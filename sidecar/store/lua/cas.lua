@@ -22,8 +22,8 @@
 --                 plan so the script never decodes them.
 -- Returns 1 when the plan was applied. When any document changed since it
 -- was read, nothing is written and the answer is {0, value_1, ..., value_n}:
--- every document's current value (nil when absent), read at one instant, so
--- the caller re-runs its function on them without reading again.
+-- every document's current value (nil when absent), read at one instant (one
+-- MGET), so the caller re-runs its function on them without reading again.
 
 -- SET with a TTL in milliseconds ("0": none).
 local function put(key, value, ttl_ms)
@@ -35,15 +35,18 @@ local function put(key, value, ttl_ms)
 end
 
 local n = tonumber(ARGV[1])
-local current = {0}
-local changed = false
-for i = 1, n do
-  local now = redis.call('GET', KEYS[i])
-  current[i + 1] = now
-  if now == false then now = '' end
-  if now ~= ARGV[i + 1] then changed = true end
+-- Every compared document in one MGET (one command, however many there are).
+if n > 0 then
+  local now = redis.call('MGET', unpack(KEYS, 1, n))
+  for i = 1, n do
+    local value = now[i]
+    if value == false then value = '' end
+    if value ~= ARGV[i + 1] then
+      table.insert(now, 1, 0)
+      return now
+    end
+  end
 end
-if changed then return current end
 
 local plan = cjson.decode(ARGV[n + 2])
 -- Increments are computed before anything is written: a target that is not

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from sidecar.store.base import META_ID, Plan
@@ -65,14 +65,14 @@ class RecentValues:
         raw: dict[str, str | None],
         plan: Plan[Any],
         current: dict[str, str | None] | None,
-        serialized: Callable[[Plan[Any]], dict[str, str | None]],
+        written: dict[str, str | None],
     ) -> None:
         """Keep what a compare-and-set left: the plan's documents when it
-        applied (and the compared ones as read), else the values it answered."""
+        applied (``written``, their texts; and the compared ones as read),
+        else the values it answered."""
         self.forget([*plan.increments, *plan.unchecked])
         if current is not None:
             self.remember(current.items())
             return
-        written = serialized(plan)
         compared = ((k, v) for k, v in raw.items() if k not in written and k not in plan.unchecked)
         self.remember([*compared, *written.items()])

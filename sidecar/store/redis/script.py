@@ -39,11 +39,13 @@ class ScriptCall:
     :ivar doc_keys: the compared documents' logical keys, in ``KEYS`` order.
     :ivar keys: every ``KEYS[i]`` (prefixed).
     :ivar args: every ``ARGV[i]``.
+    :ivar texts: the text of every document the plan writes (:func:`serialized`).
     """
 
     doc_keys: list[str]
     keys: list[str]
     args: list[Any]
+    texts: dict[str, str | None]
 
 
 def script_call(raw: dict[str, str | None], plan: Plan[Any], prefix: str) -> ScriptCall:
@@ -94,4 +96,4 @@ def script_call(raw: dict[str, str | None], plan: Plan[Any], prefix: str) -> Scr
         ),
         *values,
     ]
-    return ScriptCall(doc_keys, keys, args)
+    return ScriptCall(doc_keys, keys, args, texts)

@@ -186,8 +186,8 @@ class RedisStore(Store):
             if quiet and not guessing and reads.snapshots <= 1:
                 return plan.committed()  # read at one instant: consistent as it is
             try:
-                current = self._compare_and_set(reads.raw, plan, deadline)
-                self.recent.after(reads.raw, plan, current, serialized)
+                current, texts = self._compare_and_set(reads.raw, plan, deadline)
+                self.recent.after(reads.raw, plan, current, texts)
             except redis.TimeoutError:
                 if time.monotonic() >= deadline:
                     raise  # one deadline per decision: no second wait stacks on it
@@ -258,10 +258,11 @@ class RedisStore(Store):
 
     def _compare_and_set(
         self, raw: dict[str, str | None], plan: Plan[Any], deadline: float
-    ) -> dict[str, str | None] | None:
+    ) -> tuple[dict[str, str | None] | None, dict[str, str | None]]:
         """Run ``cas.lua``: None when the plan was applied; otherwise nothing
         was written and the answer is the current raw value of every compared
-        document (those ``raw`` holds, less the plan's unchecked keys)."""
+        document (those ``raw`` holds, less the plan's unchecked keys). Beside
+        it, the text of every document the plan writes (encoded once)."""
         call = script_call(raw, plan, self.prefix)
         self.events.round_trip()
         script_keys, script_args = call.keys, call.args
@@ -270,9 +271,9 @@ class RedisStore(Store):
         else:
             result = self._cas(keys=script_keys, args=script_args)
         if result == 1:
-            return None
+            return None, call.texts
         now = cast(list[str | None], result)[1:]
-        return dict(zip(call.doc_keys, now, strict=True))
+        return dict(zip(call.doc_keys, now, strict=True)), call.texts
 
     def _cas_and_wait(self, keys: list[str], args: list[Any], deadline: float) -> Any:
         """The script and ``WAIT`` in one round trip (a pipeline).
