@@ -121,3 +121,28 @@ def serve() -> Iterator[SystemOfRecord]:
     with running(_handler(data)) as base:
         data.base = base
         yield data
+
+
+def scoped_checks(base: str) -> dict[str, Any]:
+    """Checks against the system of record at ``base``, open to every workflow,
+    to one, or to none (the hardening tests' scopes), and combined ones."""
+    return {
+        "charge_found": {
+            "kind": "http",
+            "url": base + "/charges/{ref}",
+            "assert": ["status == 'succeeded'"],
+            "workflows": ["*"],
+        },
+        "order_of_orders": {
+            "kind": "http",
+            "url": base + "/orders/{order_id}",
+            "workflows": ["wf-orders"],
+        },
+        "order_unlisted": {"kind": "http", "url": base + "/orders/{order_id}"},
+        "order_open": {"kind": "http", "url": base + "/orders/{order_id}", "workflows": ["*"]},
+        "slow": {"kind": "http", "url": base + "/slow/{x}", "timeout_s": 5, "workflows": ["*"]},
+        "answer_shape": {"kind": "json_schema", "schema": {"type": "object"}, "workflows": ["*"]},
+        "receipts": {"kind": "operations", "operations": "ids", "workflows": ["*"]},
+        "all_asks": {"kind": "all", "of": ["answer_shape", "charge_found"], "workflows": ["*"]},
+        "any_mixed": {"kind": "any", "of": ["charge_found", "answer_shape"], "workflows": ["*"]},
+    }

@@ -114,6 +114,18 @@ class Admitted:
     workflow: str | None = None
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """The answer whose write proposals :meth:`GateWrites.admit` decides."""
+
+    principal: Principal
+    ns: str
+    task_id: str
+    adapter: WireAdapter
+    body: Mapping[str, Any]
+    note: Callable[[str, str, str | None, str | None], None]
+
+
 class GateWrites:
     """The writes of the model gate (see the module's docstring)."""
 
@@ -167,8 +179,9 @@ class GateWrites:
             is one call, its copy denied ``duplicate_call`` (nothing relayed).
         """
         out = Admitted()
+        answer = _Answer(principal, ns, task_id, adapter, body, note)
         try:
-            return self._admit(principal, ns, task_id, adapter, body, proposals, note, flaws, out)
+            return self._admit(answer, proposals, flaws, out)
         except BaseException:
             # a store failure, a refused begin (too many open, a conflict) while
             # deciding a later proposal: nothing of the answer is relayed, so the
@@ -181,16 +194,13 @@ class GateWrites:
 
     def _admit(
         self,
-        principal: Principal,
-        ns: str,
-        task_id: str,
-        adapter: WireAdapter,
-        body: Mapping[str, Any],
+        answer: _Answer,
         proposals: list[Proposal],
-        note: Callable[[str, str, str | None, str | None], None],
         flaws: Sequence[core.CallFlaw | None],
         out: Admitted,
     ) -> Admitted:
+        principal, ns, task_id = answer.principal, answer.ns, answer.task_id
+        adapter, body, note = answer.adapter, answer.body, answer.note
         kept: list[KeptExchange] = []
         begun: dict[str, Proposal] = {}  # operation id -> the proposal that began it
         workflow: str | None = None

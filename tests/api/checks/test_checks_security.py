@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from system_of_record import SystemOfRecord, serve
+from system_of_record import SystemOfRecord, scoped_checks, serve
 
 from conftest import N8N_TOKEN, SCOPED_TOKEN, Api, AppFactory
 
@@ -20,29 +20,6 @@ AUTH = {"Authorization": f"Bearer {N8N_TOKEN}"}
 def sor() -> Iterator[SystemOfRecord]:
     with serve() as data:
         yield data
-
-
-def checks(base: str) -> dict[str, Any]:
-    return {
-        "charge_found": {
-            "kind": "http",
-            "url": base + "/charges/{ref}",
-            "assert": ["status == 'succeeded'"],
-            "workflows": ["*"],
-        },
-        "order_of_orders": {
-            "kind": "http",
-            "url": base + "/orders/{order_id}",
-            "workflows": ["wf-orders"],
-        },
-        "order_unlisted": {"kind": "http", "url": base + "/orders/{order_id}"},
-        "order_open": {"kind": "http", "url": base + "/orders/{order_id}", "workflows": ["*"]},
-        "slow": {"kind": "http", "url": base + "/slow/{x}", "timeout_s": 5, "workflows": ["*"]},
-        "answer_shape": {"kind": "json_schema", "schema": {"type": "object"}, "workflows": ["*"]},
-        "receipts": {"kind": "operations", "operations": "ids", "workflows": ["*"]},
-        "all_asks": {"kind": "all", "of": ["answer_shape", "charge_found"], "workflows": ["*"]},
-        "any_mixed": {"kind": "any", "of": ["charge_found", "answer_shape"], "workflows": ["*"]},
-    }
 
 
 def problem(status: int, body: Any, slug: str) -> None:
@@ -66,7 +43,7 @@ def test_a_scoped_token_cannot_tell_an_absent_check_from_a_closed_one(
     """Running a check, or naming it as a begin's reconcile check, answers a
     scoped token the same for a check outside its workflows and for no check at
     all: nothing says it exists or what it asks."""
-    api = Api(make_app(checks=checks(sor.base)).test_client())
+    api = Api(make_app(checks=scoped_checks(sor.base)).test_client())
     scoped = Api(api.client, SCOPED_TOKEN)
     answers = []
     for name in ("order_unlisted", "no_such_check"):
@@ -87,7 +64,7 @@ def test_a_scoped_token_cannot_tell_an_absent_check_from_a_closed_one(
 def test_a_scoped_token_lists_only_the_checks_it_may_run(
     make_app: AppFactory, sor: SystemOfRecord
 ) -> None:
-    api = Api(make_app(checks=checks(sor.base)).test_client())
+    api = Api(make_app(checks=scoped_checks(sor.base)).test_client())
     scoped = Api(api.client, SCOPED_TOKEN)
     status, body = scoped.get("/v1/checks")
     assert status == 200
@@ -103,7 +80,7 @@ def test_a_scoped_token_lists_only_the_checks_it_may_run(
 def test_a_scoped_token_outside_a_checks_workflows_fetches_nothing(
     make_app: AppFactory, sor: SystemOfRecord
 ) -> None:
-    api = Api(make_app(checks=checks(sor.base)).test_client())
+    api = Api(make_app(checks=scoped_checks(sor.base)).test_client())
     scoped = Api(api.client, SCOPED_TOKEN)
     before = len(sor.seen_auth)
     for name in ("order_of_orders", "order_unlisted"):
@@ -118,7 +95,9 @@ def test_a_scoped_token_outside_a_checks_workflows_fetches_nothing(
 
 
 def test_outside_calls_are_bounded_then_503(make_app: AppFactory, sor: SystemOfRecord) -> None:
-    app = make_app(checks=checks(sor.base), http={"checks_concurrency": 1, "checks_wait_s": 0.2})
+    app = make_app(
+        checks=scoped_checks(sor.base), http={"checks_concurrency": 1, "checks_wait_s": 0.2}
+    )
     results: list[int] = []
     started = threading.Barrier(2)
 
@@ -141,7 +120,7 @@ def test_outside_calls_are_bounded_then_503(make_app: AppFactory, sor: SystemOfR
 def test_a_tasks_checks_are_scoped_too(make_app: AppFactory, sor: SystemOfRecord) -> None:
     """A scoped token's task may not run an exit or tool check closed to its workflow."""
     app = make_app(
-        checks=checks(sor.base),
+        checks=scoped_checks(sor.base),
         tools={"get_order": {"kind": "read", "check": "order_of_orders"}},
         policies={"orders": {"exit_check": "order_of_orders"}},
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from system_of_record import SystemOfRecord, serve
+from system_of_record import SystemOfRecord, scoped_checks, serve
 from ui_session import login
 
 from conftest import N8N_TOKEN, SCOPED_TOKEN, SECRET, Api, AppFactory, Clock
@@ -25,29 +25,6 @@ OP = "/v1/operations"
 def sor() -> Iterator[SystemOfRecord]:
     with serve() as data:
         yield data
-
-
-def checks(base: str) -> dict[str, Any]:
-    return {
-        "charge_found": {
-            "kind": "http",
-            "url": base + "/charges/{ref}",
-            "assert": ["status == 'succeeded'"],
-            "workflows": ["*"],
-        },
-        "order_of_orders": {
-            "kind": "http",
-            "url": base + "/orders/{order_id}",
-            "workflows": ["wf-orders"],
-        },
-        "order_unlisted": {"kind": "http", "url": base + "/orders/{order_id}"},
-        "order_open": {"kind": "http", "url": base + "/orders/{order_id}", "workflows": ["*"]},
-        "slow": {"kind": "http", "url": base + "/slow/{x}", "timeout_s": 5, "workflows": ["*"]},
-        "answer_shape": {"kind": "json_schema", "schema": {"type": "object"}, "workflows": ["*"]},
-        "receipts": {"kind": "operations", "operations": "ids", "workflows": ["*"]},
-        "all_asks": {"kind": "all", "of": ["answer_shape", "charge_found"], "workflows": ["*"]},
-        "any_mixed": {"kind": "any", "of": ["charge_found", "answer_shape"], "workflows": ["*"]},
-    }
 
 
 def problem(status: int, body: Any, slug: str) -> None:
@@ -87,7 +64,7 @@ def test_fail_after_unknown_is_409_and_the_write_stays_unknown(api: Api, clock: 
 def test_the_reserving_begins_reconcile_check_is_the_one_used(
     make_app: AppFactory, sor: SystemOfRecord
 ) -> None:
-    api = Api(make_app(checks=checks(sor.base)).test_client())
+    api = Api(make_app(checks=scoped_checks(sor.base)).test_client())
     sor.charges["ch-real"] = {"status": "succeeded"}
     spec = {"check": "charge_found", "input": {"ref": "ch-real"}}
     begin(api, "charge:1", workflow="wf-pay", reconcile=spec)
@@ -103,7 +80,7 @@ def test_the_reserving_begins_reconcile_check_is_the_one_used(
 def test_only_checks_asking_the_system_of_record_may_reconcile(
     make_app: AppFactory, sor: SystemOfRecord, check: str
 ) -> None:
-    api = Api(make_app(checks=checks(sor.base)).test_client())
+    api = Api(make_app(checks=scoped_checks(sor.base)).test_client())
     _, body = api.post(f"{OP}/o/begin", {"payload": 1, "reconcile": {"check": check, "input": {}}})
     problem(422, body, "validation-failed")
     assert body["errors"][0]["loc"] == ["body", "reconcile", "check"]
@@ -342,7 +319,7 @@ def test_purge_and_expiry_never_delete_an_open_or_unknown_operation(
 def test_reconcile_input_or_receipt_over_16_kib_is_413(
     make_app: AppFactory, sor: SystemOfRecord
 ) -> None:
-    api = Api(make_app(checks=checks(sor.base)).test_client())
+    api = Api(make_app(checks=scoped_checks(sor.base)).test_client())
     big = {"ref": "x" * 17_000}
     _, body = api.post(
         f"{OP}/o/begin", {"payload": 1, "reconcile": {"check": "charge_found", "input": big}}
