@@ -765,6 +765,9 @@ def test_16_simultaneous_runs_across_2_workers_relay_one_write(
         tokens_yaml()
         + f"model_gate: {{upstream_url: '{llm.base}', default_model: fake-model, timeout_s: 10}}\n"
         + "limits: {max_model_calls: 100}\n"
+        # the race is the point here, not the store's deadline (tests/stores covers that):
+        # 16 transactions on one task document may wait past 2 s on a busy machine
+        + "store_timeout_s: 15\n"
         + "tools:\n  create_lead: {kind: write, operation_id: 'crm-lead:{email}', lease_s: 120}\n",
     )
     served = Sidecar(tmp_path, {**sidecar_env, "LOOPSTOP_CONFIG": str(config)}, workers=2)
