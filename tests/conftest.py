@@ -575,17 +575,55 @@ def is_quick(item: pytest.Item) -> bool:
     return not NOT_QUICK_FIXTURES & set(getattr(item, "fixturenames", ()))
 
 
+#: Under pytest-xdist every test file is one unit of work (a module-scoped fixture,
+#: a served sidecar or a store server, starts once), and the real-n8n tests, which share
+#: the session's one n8n (``tests/e2e/conftest.py``), are one unit together.
+N8N_TESTS = "tests/e2e/"
+
+
+def in_worker_process() -> bool:
+    """True in a pytest-xdist worker (``./scripts/test`` runs two; ``-n 0``: none)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pragma: no cover - pytest-xdist is a test dependency
+    LoadFileScheduling = None
+
+
+if LoadFileScheduling is not None:
+
+    class FileOrN8nScheduling(LoadFileScheduling):
+        """``--dist loadfile``, with every test under ``N8N_TESTS`` in one unit, so one
+        worker runs the n8n suite in order on one n8n while the others take the files."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return N8N_TESTS if nodeid.startswith(N8N_TESTS) else super()._split_scope(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """``./scripts/test``'s ``--dist loadfile`` (any other ``--dist`` is xdist's)."""
+        if config.getvalue("dist") == "loadfile":
+            return FileOrN8nScheduling(config, log)
+        return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: ``-m quick`` sees the marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the ``quick`` tier; run the real-n8n suite after everything else (it is the
-    slowest to start), and the queue-mode n8n last of all: its stack is session-scoped,
-    so it then runs alone."""
+    """Mark the ``quick`` tier, and order the real-n8n suite (the queue-mode n8n last of
+    all: its stack is session-scoped, so it then runs alone).
+
+    In one process the n8n suite runs after everything else; in an xdist worker it
+    comes first, so the scheduler hands it to a worker at the start: it is the
+    longest chain of the run."""
+    distributed = in_worker_process()
     for item in items:
         if is_quick(item):
             item.add_marker(pytest.mark.quick)
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker("n8n") is not None,
-            "queue" in getattr(item, "fixturenames", ()),
-        )
-    )
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        is_n8n = item.get_closest_marker("n8n") is not None
+        queue = "queue" in getattr(item, "fixturenames", ())
+        return (not is_n8n if distributed else is_n8n, queue)
+
+    items.sort(key=order)

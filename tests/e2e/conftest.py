@@ -41,17 +41,25 @@ _SESSION: list[N8n] = []
 
 
 @pytest.fixture(scope="session")
-def node_package() -> Path:
-    """``n8n-nodes/``, built once for the session (``npm ci`` when its lockfile
-    changed, then ``npm run build``)."""
-    return build_node_package()
+def n8n_install() -> Install:
+    """n8n 2.41.1 and its Node 24 in the cache folder (installed on first use)."""
+    return Install().ensure()
 
 
 @pytest.fixture(scope="session")
-def n8n_home(tmp_path_factory: pytest.TempPathFactory, node_package: Path) -> Iterator[N8n]:
+def node_package(n8n_install: Install) -> Path:
+    """``n8n-nodes/``, built once for the session on the install's Node (``npm ci``
+    when its lockfile changed, then ``npm run build``)."""
+    return build_node_package(n8n_install)
+
+
+@pytest.fixture(scope="session")
+def n8n_home(
+    tmp_path_factory: pytest.TempPathFactory, n8n_install: Install, node_package: Path
+) -> Iterator[N8n]:
     """The session's n8n with the node package installed, not started yet."""
     home = tmp_path_factory.mktemp("n8n-session")
-    n8n = N8n(Install().ensure(), home, free_port(), free_port())
+    n8n = N8n(n8n_install, home, free_port(), free_port())
     n8n.install_node_package(node_package)
     _SESSION.append(n8n)
     yield n8n
@@ -67,7 +75,13 @@ def n8n(n8n_home: N8n) -> N8n:
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the session's n8n once no test is left to use it: the queue-mode stack
-    (sorted last by ``tests/conftest.py``) starts three n8n processes of its own."""
-    if nextitem is None or "queue" in getattr(nextitem, "fixturenames", ()):
+    (sorted last among the n8n tests by ``tests/conftest.py``) starts three n8n
+    processes of its own, and under pytest-xdist the worker that ran the n8n group
+    goes on with other modules."""
+    if (
+        nextitem is None
+        or nextitem.get_closest_marker("n8n") is None
+        or "queue" in getattr(nextitem, "fixturenames", ())
+    ):
         for n8n in _SESSION:
             n8n.stop()

@@ -18,6 +18,7 @@ Run ``python tests/e2e/n8n_runtime.py install`` to fill the cache by hand.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -86,8 +87,22 @@ class Install:
         :raises RuntimeError: an npm step failed (its output is in the message).
         """
         want = _digest(PINS / "package.json", PINS / "package-lock.json")
-        if self.stamp.exists() and self.stamp.read_text().strip() == want and self.n8n.exists():
+        if self.ready(want):
             return self
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        # One install at a time: a second test session waits for the first one's,
+        # then finds it done (an install cut short leaves no stamp and is redone).
+        with open(self.dir.parent / f".{self.dir.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.ready(want):
+                self._install(want)
+        return self
+
+    def ready(self, want: str) -> bool:
+        """True when the install holds the lockfile whose digest is ``want``."""
+        return self.stamp.exists() and self.stamp.read_text().strip() == want and self.n8n.exists()
+
+    def _install(self, want: str) -> None:
         npm = shutil.which("npm")
         if npm is None:
             raise RuntimeError("npm is needed to install n8n (Node.js 20 or newer)")
@@ -107,7 +122,6 @@ class Install:
         }
         _run([npm, "rebuild", "sqlite3", "--ignore-scripts=false"], cwd=self.dir, env=env)
         self.stamp.write_text(want + "\n")
-        return self
 
     def disk_usage(self) -> int:
         """Bytes under the install folder."""
@@ -128,17 +142,16 @@ def terminate(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(10)
 
 
-def build_node_package() -> Path:
+def build_node_package(install: Install) -> Path:
     """``npm ci`` (when needed) and ``npm run build`` in ``n8n-nodes/``; returns its folder.
 
-    The build runs on the Node 24 installed beside n8n when that install
-    exists (the version n8n's node CLI asks for), else on the Node on PATH.
+    The build runs on the Node 24 of ``install`` (ensured: the version n8n's
+    node CLI asks for); never on a Node left half-written by an install that
+    was cut short.
     """
     npm = shutil.which("npm") or "npm"
-    node_bin = Install().node_dir / "bin"
-    env = dict(os.environ)
-    if (node_bin / "node").exists():
-        env["PATH"] = f"{node_bin}{os.pathsep}{env['PATH']}"
+    node_bin = install.ensure().node_dir / "bin"
+    env = {**os.environ, "PATH": f"{node_bin}{os.pathsep}{os.environ['PATH']}"}
     lock = NODES_PACKAGE / "package-lock.json"
     stamp = NODES_PACKAGE / "node_modules" / ".loopstop-lock"
     if not stamp.exists() or stamp.read_text().strip() != _digest(lock):

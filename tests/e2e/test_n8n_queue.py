@@ -284,10 +284,12 @@ def _subflows(recorder: str, loopstop: str) -> tuple[dict[str, Any], dict[str, A
 
 
 @pytest.fixture(scope="session")
-def queue(tmp_path_factory: pytest.TempPathFactory, node_package: Path) -> Iterator[QueueStack]:
+def queue(
+    tmp_path_factory: pytest.TempPathFactory, n8n_install: Install, node_package: Path
+) -> Iterator[QueueStack]:
     work = tmp_path_factory.mktemp("n8n-queue")
     started = time.monotonic()
-    install = Install().ensure()
+    install = n8n_install
     with ExitStack() as stack:
         pg = PostgresServer().start()
         stack.callback(pg.cleanup)
