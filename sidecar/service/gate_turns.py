@@ -3,6 +3,7 @@ record of the turn, the answer, and the request being served."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,42 @@ class Turn:
     counted: bool = False
 
 
+class KnownTasks:
+    """What this worker learned of tasks that never changes once a task exists,
+    so a turn need not read it again: the namespace holding a task id (ids are
+    random: one namespace holds it) and whether the task has no money budget
+    (its limits are fixed at creation). Learned only from a read of the
+    store; at most :attr:`MAX` tasks (then forgotten at once and learned
+    again). A task that expired meanwhile is still refused: every decision
+    on it reads it in its transaction."""
+
+    MAX = 10_000
+
+    def __init__(self) -> None:
+        self._ns: dict[str, str] = {}
+        self._unbudgeted: set[str] = set()
+        self._lock = threading.Lock()
+
+    def namespace(self, task_id: str) -> str | None:
+        """The namespace learned for ``task_id`` (None: not learned)."""
+        return self._ns.get(task_id)
+
+    def unbudgeted(self, task_id: str) -> bool:
+        """True when the task was read and has no money budget (``max_cost``)."""
+        return task_id in self._unbudgeted
+
+    def learn(self, ns: str, task_id: str, task: Task | None = None) -> None:
+        """Remember the namespace of ``task_id`` (and, given the task as read,
+        whether it has a money budget)."""
+        with self._lock:
+            if len(self._ns) >= self.MAX:
+                self._ns.clear()
+                self._unbudgeted.clear()
+            self._ns[task_id] = ns
+            if task is not None and task.limits.max_cost is None:
+                self._unbudgeted.add(task_id)
+
+
 def make_upstream(
     config: ModelGateConfig, session: requests.Session, environ: Mapping[str, str], api: Api
 ) -> Upstream:
@@ -112,22 +149,34 @@ def make_upstream(
 
 
 def find_task(
-    tasks: TaskService, allow_untracked: bool, turn: Turn, lines: TaskLines
+    tasks: TaskService,
+    allow_untracked: bool,
+    turn: Turn,
+    lines: TaskLines,
+    known: KnownTasks | None = None,
 ) -> Task | None:
     """The task the lines name (created by key when new), or None when untracked.
+
+    :param known: what this worker learned of tasks (the namespace of an id
+        it saw is not read again).
 
     :raises MalformedRequest: no task named and untracked requests are not allowed.
     :raises NotFound: the ``loopstop-task`` line names no task.
     """
+    known = known if known is not None else KnownTasks()
     if lines.task_id is not None:
-        ns = tasks.namespace_of(lines.task_id)
+        ns = known.namespace(lines.task_id)
         if ns is None:
-            raise NotFound(f"no task {lines.task_id!r}")
+            ns = tasks.namespace_of(lines.task_id)
+            if ns is None:
+                raise NotFound(f"no task {lines.task_id!r}")
+            known.learn(ns, lines.task_id)
         turn.ns, turn.task_id = ns, lines.task_id
         return None  # read only when needed (tool outputs to record)
     if lines.task_key is not None:
         ns = "p"
         task = _by_key(tasks, turn.principal, ns, lines)
+        known.learn(ns, task.task_id, task)
         turn.ns, turn.task_id = ns, task.task_id
         return task
     if not allow_untracked:

@@ -75,7 +75,14 @@ from sidecar.gate.wire.base import (
 from sidecar.outbound.upstream import Exchange, Upstream
 from sidecar.service.gate_calls import GateCalls
 from sidecar.service.gate_money import GateMoney
-from sidecar.service.gate_turns import GateAnswer, Turn, TurnRecord, find_task, make_upstream
+from sidecar.service.gate_turns import (
+    GateAnswer,
+    KnownTasks,
+    Turn,
+    TurnRecord,
+    find_task,
+    make_upstream,
+)
 from sidecar.service.gate_writes import GateWrites
 from sidecar.service.messages import ASKED_ENOUGH_MESSAGE, WRAP_UP_MESSAGE, final_message
 from sidecar.service.tasks import TaskService
@@ -109,7 +116,9 @@ class ModelGate:
         self.environ = environ
         self._upstreams: dict[str, Upstream] = {}
         self.calls = GateCalls(tasks, self.settings)
-        self.money = GateMoney(config, tasks)
+        #: what this worker learned of tasks that never changes (no read again)
+        self.known = KnownTasks()
+        self.money = GateMoney(config, tasks, known=self.known)
         self.writes = GateWrites(tasks, self.settings)
 
     def upstream(self, adapter: WireAdapter) -> Upstream:
@@ -237,7 +246,7 @@ class ModelGate:
             TurnDecision.UNTRACKED, None, None, adapter.name, stream, lines.execution
         )
         turn = Turn(adapter, principal, body, model, stream, record, inbound, received=body)
-        task = find_task(self.tasks, self.config.allow_untracked, turn, lines)
+        task = find_task(self.tasks, self.config.allow_untracked, turn, lines, self.known)
         record.task_id = turn.task_id
         if turn.task_id is None or turn.ns is None:
             return self._forward(turn, body)
