@@ -87,6 +87,8 @@ class Turn:
     price: cost.Price | None = None
     reserved: float = 0.0
     counted: bool = False
+    #: tokens counted, left to the first call's admission to store (0: none)
+    tokens_due: int = 0
 
 
 class KnownTasks:
