@@ -29,7 +29,9 @@ project (git-ignored)::
     python3 -m venv bench/.venv-litellm
     bench/.venv-litellm/bin/pip install 'litellm[proxy]'
 
-Run: ``.venv/bin/python bench/gate_vs_litellm.py [--turns 300] [--store redis|sqlite]``.
+Run: ``.venv/bin/python bench/gate_vs_litellm.py [--turns 300] [--store redis|sqlite]``;
+with ``PYTHONPATH=<another checkout>`` it measures that checkout's sidecar
+(in process and served), for a before and after in one sitting.
 """
 
 from __future__ import annotations
@@ -233,6 +235,8 @@ def main() -> None:
         store_in = f"{redis_url}/1" if args.store == "redis" else f"sqlite:///{folder}/in.db"
         store_out = f"{redis_url}/2" if args.store == "redis" else f"sqlite:///{folder}/out.db"
         env = {"LOOPSTOP_SECRET": SECRET, "LOOPSTOP_TOKEN_BENCH": TOKEN}
+        # ``PYTHONPATH=<another checkout>`` measures that build, served too
+        passed = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
         tokens = [{"name": "bench", "env": "LOOPSTOP_TOKEN_BENCH", "workflows": ["*"]}]
         gate_config = {"upstream_url": llm.base, "timeout_s": 30}
         app = create_app(
@@ -269,7 +273,7 @@ def main() -> None:
             )
             server = Sidecar(
                 Path(folder),
-                {**env, "LOOPSTOP_CONFIG": str(config), "LOOPSTOP_STORE": store_out},
+                {**env, **passed, "LOOPSTOP_CONFIG": str(config), "LOOPSTOP_STORE": store_out},
                 workers=args.workers,
             ).start()
             targets.append(
