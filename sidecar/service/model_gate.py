@@ -404,8 +404,12 @@ class ModelGate:
         adapter = turn.adapter
         payload = adapter.forward_payload(body, turn.model)
         turn.record.turns += 1
+        inbound = turn.inbound
+        # Nothing of the request changed: its bytes go as they came (parsed once,
+        # never written again).
+        raw = inbound.raw if inbound is not None and payload == turn.received else None
         try:
-            exchange = self.upstream(adapter).post(adapter, payload, turn.stream, turn.inbound)
+            exchange = self.upstream(adapter).post(adapter, payload, turn.stream, inbound, raw)
         except UpstreamError as exc:
             turn.record.upstream_status = exc.status
             turn.record.upstream_failed(str(exc.status))
