@@ -13,6 +13,11 @@ time of the same round (p50 and p90 over the rounds). The targets:
 - ``gate, loopstop serve``: the real ``loopstop serve`` (gunicorn,
   ``--workers``, its gthread worker) on the same redis-server, over
   loopback HTTP with keep-alive, its log to a file;
+- ``floor, served``: bench/floors.py's model turn under the same gunicorn
+  worker class and settings (one Redis script reading and writing a task
+  document of ``FLOOR_TASK_DOC_BYTES``, 4,000 here, about a task's of 20
+  turns; then the body forwarded with ``requests`` and the answer relayed):
+  the least any served gate on that store adds (``--no-floor`` skips it);
 - ``LiteLLM proxy``: ``litellm --config`` with one model routed to the
   stand-in as an OpenAI-compatible upstream (``openai/<model>``,
   ``api_base``), over loopback HTTP with keep-alive (skipped with
@@ -135,6 +140,57 @@ def _redis(folder: str) -> Iterator[str]:
 
 
 @contextmanager
+def _floor(folder: str, redis_url: str, upstream: str, workers: int) -> Iterator[str]:
+    """bench/floors.py's app under ``loopstop serve``'s gunicorn settings."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from run import SERVE_SETTINGS
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--chdir",
+            str(ROOT / "bench"),
+            "-w",
+            str(workers),
+            "-b",
+            f"127.0.0.1:{port}",
+            *SERVE_SETTINGS,
+            "--log-level",
+            "warning",
+            "floors:create_app()",
+        ],
+        env={
+            **os.environ,
+            "FLOOR_STORE": f"{redis_url}/3",
+            "FLOOR_UPSTREAM": upstream,
+            "FLOOR_TASK_DOC_BYTES": "4000",
+            "PYTHONPATH": str(ROOT),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=folder,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.post(base + "/v1/activations", json={}, timeout=1)
+                break
+            except requests.RequestException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield base + "/v1/openai"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
 def _litellm(folder: str, upstream: str) -> Iterator[str | None]:
     """LiteLLM's proxy in front of the stand-in (None: not installed)."""
     if not LITELLM.exists():
@@ -219,7 +275,10 @@ def _http_target(name: str, base: str, session: requests.Session, gate: bool) ->
         r = session.post(root + "/v1/tasks", json={}, headers=headers, timeout=10)
         return str(r.json()["task"]["task_id"])
 
-    return Target(name, send, new_task if gate else None)
+    def fresh_id() -> str:  # the floor keys its task document by the id
+        return "t" + os.urandom(10).hex()
+
+    return Target(name, send, new_task if gate else fresh_id)
 
 
 def main() -> None:
@@ -229,6 +288,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="loopstop serve's workers")
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--no-serve", action="store_true")
+    parser.add_argument("--no-floor", action="store_true")
     args = parser.parse_args()
     start_load = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder, serve() as llm, _redis(folder) as redis_url:
@@ -282,6 +342,11 @@ def main() -> None:
                 )
             )
         try:
+            if not args.no_floor:
+                floor_cm = _floor(folder, redis_url, llm.base, args.workers)
+                floor_base = floor_cm.__enter__()
+                stack.append(floor_cm)
+                targets.append(_http_target("floor, served", floor_base, requests.Session(), False))
             litellm_cm = _litellm(folder, llm.base) if not args.no_litellm else None
             litellm_base = litellm_cm.__enter__() if litellm_cm is not None else None
             if litellm_cm is not None:
