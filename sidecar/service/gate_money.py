@@ -28,7 +28,6 @@ from sidecar.core import cost
 from sidecar.core.tasks import Task
 from sidecar.errors import NotFound, StoreUnavailable, ValidationFailed
 from sidecar.gate.wire.base import WireAdapter, input_bound
-from sidecar.service.gate_turns import KnownTasks
 from sidecar.service.tasks import TaskService
 
 #: Waits (seconds) before the retries of a settle the store refused; then the
@@ -58,12 +57,10 @@ class GateMoney:
         config: ModelGateConfig,
         tasks: TaskService,
         sleep: Callable[[float], None] = time.sleep,
-        known: KnownTasks | None = None,
     ) -> None:
         self.config = config
         self.tasks = tasks
         self.sleep = sleep
-        self.known = known if known is not None else KnownTasks()
         self._kept: deque[Callable[[], object]] = deque(maxlen=SETTLES_KEPT)
         self._lock = threading.Lock()
 
@@ -84,11 +81,9 @@ class GateMoney:
         """
         found = self.config.prices.get(model)
         spend = adapter.spend(body)
-        # A task read once without a money budget never gets one: not read again.
-        if (found is None or spend.unbounded is not None) and not self.known.unbudgeted(where[1]):
+        if found is None or spend.unbounded is not None:
             if task is None:
                 task = self.tasks.get(principal, *where)
-                self.known.learn(*where, task)
             if task.envelope is None and task.limits.max_cost is not None:
                 raise ValidationFailed([_refusal(model, found is None, spend.unbounded)])
         if found is None:

@@ -94,37 +94,28 @@ class Turn:
 class KnownTasks:
     """What this worker learned of tasks that never changes once a task exists,
     so a turn need not read it again: the namespace holding a task id (ids are
-    random: one namespace holds it) and whether the task has no money budget
-    (its limits are fixed at creation). Learned only from a read of the
-    store; at most :attr:`MAX` tasks (then forgotten at once and learned
-    again). A task that expired meanwhile is still refused: every decision
-    on it reads it in its transaction."""
+    random: one namespace holds it). Learned only from a read of the store; at
+    most :attr:`MAX` tasks (then forgotten at once and learned again). A task
+    that expired meanwhile is still refused: every decision on it reads it in
+    its transaction. (A task's limits are not kept: a resume may raise them,
+    a money budget included, on any worker.)"""
 
     MAX = 10_000
 
     def __init__(self) -> None:
         self._ns: dict[str, str] = {}
-        self._unbudgeted: set[str] = set()
         self._lock = threading.Lock()
 
     def namespace(self, task_id: str) -> str | None:
         """The namespace learned for ``task_id`` (None: not learned)."""
         return self._ns.get(task_id)
 
-    def unbudgeted(self, task_id: str) -> bool:
-        """True when the task was read and has no money budget (``max_cost``)."""
-        return task_id in self._unbudgeted
-
-    def learn(self, ns: str, task_id: str, task: Task | None = None) -> None:
-        """Remember the namespace of ``task_id`` (and, given the task as read,
-        whether it has a money budget)."""
+    def learn(self, ns: str, task_id: str) -> None:
+        """Remember the namespace of ``task_id``."""
         with self._lock:
             if len(self._ns) >= self.MAX:
                 self._ns.clear()
-                self._unbudgeted.clear()
             self._ns[task_id] = ns
-            if task is not None and task.limits.max_cost is None:
-                self._unbudgeted.add(task_id)
 
 
 def make_upstream(
@@ -178,7 +169,7 @@ def find_task(
     if lines.task_key is not None:
         ns = "p"
         task = _by_key(tasks, turn.principal, ns, lines)
-        known.learn(ns, task.task_id, task)
+        known.learn(ns, task.task_id)
         turn.ns, turn.task_id = ns, task.task_id
         return task
     if not allow_untracked:

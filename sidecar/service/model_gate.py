@@ -118,7 +118,7 @@ class ModelGate:
         self.calls = GateCalls(tasks, self.settings)
         #: what this worker learned of tasks that never changes (no read again)
         self.known = KnownTasks()
-        self.money = GateMoney(config, tasks, known=self.known)
+        self.money = GateMoney(config, tasks)
         self.writes = GateWrites(tasks, self.settings)
 
     def upstream(self, adapter: WireAdapter) -> Upstream:
