@@ -254,11 +254,14 @@ def create_app() -> Flask:
     session = requests.Session()
 
     @app.post("/v1/openai/chat/completions")
+    @app.post("/v1/openai/responses", endpoint="model_turn_responses")
     def model_turn() -> Response:
         body = request.get_json(silent=True) or {}
-        system = str((body.get("messages") or [{}])[0].get("content", ""))
+        first = (body.get("messages") or body.get("input") or [{}])[0]
+        system = str(first.get("content", "")) if isinstance(first, dict) else ""
         work["task"](system.rpartition("loopstop-task: ")[2].strip() or "turn")
-        r = session.post(f"{upstream}/chat/completions", json=body, timeout=10)
+        path = request.path.removeprefix("/v1/openai")
+        r = session.post(f"{upstream}{path}", json=body, timeout=10)
         return Response(r.content, r.status_code, mimetype="application/json")
 
     @app.post("/v1/tasks/<task>/tool-calls/<call>/result")

@@ -228,7 +228,7 @@ def _first_token_delay(send: Any, llm: Any, rounds: int) -> list[float]:
 
 def served_streams(llm: Any, folder: str, rounds: int) -> None:
     """The first-token delay through ``loopstop serve`` (gunicorn, one worker) over HTTP."""
-    from test_serve import Sidecar
+    from served import Sidecar
 
     config = Path(folder) / "served.yaml"
     config.write_text(

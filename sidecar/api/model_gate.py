@@ -15,9 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from flask import Blueprint, Response, g, has_request_context, jsonify, request, stream_with_context
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    g,
+    has_request_context,
+    jsonify,
+    request,
+    stream_with_context,
+)
 
-from sidecar.api.body import read_json_object
+from sidecar.api.body import read_json_object, read_raw_body
 from sidecar.api.decisions import log_decision
 from sidecar.core.tasks import TurnDecision
 from sidecar.errors import UpstreamError
@@ -96,14 +105,17 @@ def token_sources(path: str) -> tuple[TokenFrom, ...]:
     return ROUTES[prefix][0].adapter.api.token_from if prefix is not None else (BEARER,)
 
 
-def _inbound() -> Inbound:
+def _inbound(body: bool = False) -> Inbound:
     """The request's path below its prefix (a doubled slash after the prefix made
-    one: a base URL's trailing slash), its raw query and its headers."""
+    one: a base URL's trailing slash), its raw query and its headers; with
+    ``body``, the body's bytes as read (:func:`read_json_object` read them)."""
     prefix = _prefix_of(request.path) or ""
+    raw = read_raw_body(current_app.config["LOOPSTOP_MAX_BODY_BYTES"]) if body else b""
     return Inbound(
         "/" + request.path[len(prefix) :].lstrip("/"),
         request.query_string.decode("utf-8", "replace"),
         lower_headers(),
+        raw if raw.strip() else None,  # an empty body read as {} is sent as {}
     )
 
 
@@ -169,7 +181,8 @@ def _turn_view(adapter: WireAdapter) -> Callable[..., Response]:
     def view(**route: str) -> Response:
         body = read_json_object()
         try:
-            answer = runtime().model_gate.turn(adapter, g.principal, body, route, _inbound())
+            inbound = _inbound(body=True)
+            answer = runtime().model_gate.turn(adapter, g.principal, body, route, inbound)
         except UpstreamError as exc:
             if isinstance(exc.record, TurnRecord):
                 _log(exc.record)

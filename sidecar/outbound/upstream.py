@@ -225,9 +225,13 @@ class Upstream:
         payload: Mapping[str, Any],
         stream: bool,
         inbound: Inbound | None = None,
+        raw: bytes | None = None,
     ) -> Exchange:
         """POST ``payload`` to the request's path (the adapter's, without ``inbound``);
         the answer's body is left to read.
+
+        :param raw: ``payload`` as JSON bytes already (the request as it came):
+            sent as they are instead of serialising ``payload`` again.
 
         :raises GateNotConfigured: no upstream is configured.
         :raises UpstreamError: unreachable (502), timed out (504), or an error
@@ -238,10 +242,14 @@ class Upstream:
         url = self.url(inbound.path, inbound.query)
         deadline = self.monotonic() + self.timeout_s
         accept = {"Accept": adapter.framing.content_type} if stream else {}
+        sent: dict[str, Any] = {"json": payload}
+        if raw is not None:
+            sent = {"data": raw}
+            accept["Content-Type"] = "application/json"
         try:
             resp = self.session.post(
                 url,
-                json=payload,
+                **sent,
                 headers={**self._headers(inbound), **accept},
                 timeout=(min(self.timeout_s, CONNECT_S), self.timeout_s),
                 allow_redirects=False,

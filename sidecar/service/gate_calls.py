@@ -45,11 +45,13 @@ class Admitted:
         call may reach n8n).
     :ivar reason: the first denial's reason.
     :ivar calls: ``(tool, decision, reason, None)`` per call, for the decision log.
+    :ivar counted: the turn's tokens were counted in a call's transaction.
     """
 
     denied: str | None = None
     reason: str | None = None
     calls: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
+    counted: bool = False
 
 
 def output_value(output: Any) -> Any:
@@ -125,12 +127,17 @@ class GateCalls:
         task_id: str,
         calls: Sequence[Proposal],
         offered: frozenset[str] | None,
+        tokens: int = 0,
     ) -> Admitted:
         """Admit each proposed call in order, up to the first denial.
 
         A tool configured ``kind: write`` is not admitted here: a write needs an
         operation id, which only the flow can give (a Loop Stop node's Admit
         Tool Call in the tool's sub-workflow); the gate relays it to the flow.
+
+        :param tokens: the proposing turn's tokens, counted first in the first
+            call's transaction (one transaction where there were two); whether
+            they were is ``counted`` (else the caller counts them).
         """
         flaws = screen_proposal([(c.call_id, c.tool) for c in calls], offered)
         if CallFlaw.INVALID in flaws:  # the malformed call first: nothing else is admitted
@@ -145,12 +152,16 @@ class GateCalls:
             if kind is CallKind.WRITE and flaw is CallFlaw.REPEAT:
                 return self._deny(done, call.tool, DenyReason.DUPLICATE_CALL)
             try:
+                due = 0 if done.counted else tokens
                 task, out = self.tasks.tool_call(
                     principal,
                     ns,
                     task_id,
-                    CallInput(call.tool, kind, call.args, None, call.call_id or None, flaw),
+                    CallInput(
+                        call.tool, kind, call.args, None, call.call_id or None, flaw, tokens=due
+                    ),
                 )
+                done.counted = True
             except StateConflict:  # an id still pending, proposed again with other arguments
                 return self._deny(done, call.tool, DenyReason.DUPLICATE_CALL)
             reason = None if out.reason is None else str(out.reason)

@@ -3,6 +3,7 @@ record of the turn, the answer, and the request being served."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,35 @@ class Turn:
     price: cost.Price | None = None
     reserved: float = 0.0
     counted: bool = False
+    #: tokens counted, left to the first call's admission to store (0: none)
+    tokens_due: int = 0
+
+
+class KnownTasks:
+    """What this worker learned of tasks that never changes once a task exists,
+    so a turn need not read it again: the namespace holding a task id (ids are
+    random: one namespace holds it). Learned only from a read of the store; at
+    most :attr:`MAX` tasks (then forgotten at once and learned again). A task
+    that expired meanwhile is still refused: every decision on it reads it in
+    its transaction. (A task's limits are not kept: a resume may raise them,
+    a money budget included, on any worker.)"""
+
+    MAX = 10_000
+
+    def __init__(self) -> None:
+        self._ns: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def namespace(self, task_id: str) -> str | None:
+        """The namespace learned for ``task_id`` (None: not learned)."""
+        return self._ns.get(task_id)
+
+    def learn(self, ns: str, task_id: str) -> None:
+        """Remember the namespace of ``task_id``."""
+        with self._lock:
+            if len(self._ns) >= self.MAX:
+                self._ns.clear()
+            self._ns[task_id] = ns
 
 
 def make_upstream(
@@ -112,22 +142,34 @@ def make_upstream(
 
 
 def find_task(
-    tasks: TaskService, allow_untracked: bool, turn: Turn, lines: TaskLines
+    tasks: TaskService,
+    allow_untracked: bool,
+    turn: Turn,
+    lines: TaskLines,
+    known: KnownTasks | None = None,
 ) -> Task | None:
     """The task the lines name (created by key when new), or None when untracked.
+
+    :param known: what this worker learned of tasks (the namespace of an id
+        it saw is not read again).
 
     :raises MalformedRequest: no task named and untracked requests are not allowed.
     :raises NotFound: the ``loopstop-task`` line names no task.
     """
+    known = known if known is not None else KnownTasks()
     if lines.task_id is not None:
-        ns = tasks.namespace_of(lines.task_id)
+        ns = known.namespace(lines.task_id)
         if ns is None:
-            raise NotFound(f"no task {lines.task_id!r}")
+            ns = tasks.namespace_of(lines.task_id)
+            if ns is None:
+                raise NotFound(f"no task {lines.task_id!r}")
+            known.learn(ns, lines.task_id)
         turn.ns, turn.task_id = ns, lines.task_id
         return None  # read only when needed (tool outputs to record)
     if lines.task_key is not None:
         ns = "p"
         task = _by_key(tasks, turn.principal, ns, lines)
+        known.learn(ns, task.task_id)
         turn.ns, turn.task_id = ns, task.task_id
         return task
     if not allow_untracked:

@@ -75,7 +75,14 @@ from sidecar.gate.wire.base import (
 from sidecar.outbound.upstream import Exchange, Upstream
 from sidecar.service.gate_calls import GateCalls
 from sidecar.service.gate_money import GateMoney
-from sidecar.service.gate_turns import GateAnswer, Turn, TurnRecord, find_task, make_upstream
+from sidecar.service.gate_turns import (
+    GateAnswer,
+    KnownTasks,
+    Turn,
+    TurnRecord,
+    find_task,
+    make_upstream,
+)
 from sidecar.service.gate_writes import GateWrites
 from sidecar.service.messages import ASKED_ENOUGH_MESSAGE, WRAP_UP_MESSAGE, final_message
 from sidecar.service.tasks import TaskService
@@ -109,6 +116,8 @@ class ModelGate:
         self.environ = environ
         self._upstreams: dict[str, Upstream] = {}
         self.calls = GateCalls(tasks, self.settings)
+        #: what this worker learned of tasks that never changes (no read again)
+        self.known = KnownTasks()
         self.money = GateMoney(config, tasks)
         self.writes = GateWrites(tasks, self.settings)
 
@@ -199,7 +208,11 @@ class ModelGate:
         if turn.ns is None or turn.task_id is None:
             return None
         offered = turn.adapter.offered_tools(turn.body)
-        done = self.calls.admit(turn.principal, turn.ns, turn.task_id, calls, offered)
+        done = self.calls.admit(
+            turn.principal, turn.ns, turn.task_id, calls, offered, turn.tokens_due
+        )
+        if done.counted:
+            turn.tokens_due = 0
         turn.record.tool_calls.extend(done.calls)
         if done.denied is not None:
             turn.record.decision, turn.record.reason = TurnDecision.DENY_TOOL_CALL, done.reason
@@ -237,7 +250,7 @@ class ModelGate:
             TurnDecision.UNTRACKED, None, None, adapter.name, stream, lines.execution
         )
         turn = Turn(adapter, principal, body, model, stream, record, inbound, received=body)
-        task = find_task(self.tasks, self.config.allow_untracked, turn, lines)
+        task = find_task(self.tasks, self.config.allow_untracked, turn, lines, self.known)
         record.task_id = turn.task_id
         if turn.task_id is None or turn.ns is None:
             return self._forward(turn, body)
@@ -319,11 +332,23 @@ class ModelGate:
             return GateAnswer(turn.record, events=iter(events))
         return GateAnswer(turn.record, body=adapter.final_answer(text, turn.model, stamp))
 
-    def _count(self, turn: Turn, usage: Usage, estimate: int, *, answered: bool = True) -> None:
+    def _count(
+        self,
+        turn: Turn,
+        usage: Usage,
+        estimate: int,
+        *,
+        answered: bool = True,
+        proposals: bool = False,
+    ) -> None:
         """Count a turn once, when it is over: its tokens (the reported usage,
         else ``estimate``) and, for a priced model, settle its reservation with
         what it cost (:func:`sidecar.core.cost.settled_cost`). A settle the store
-        refuses is retried, then kept for later (:class:`GateMoney`)."""
+        refuses is retried, then kept for later (:class:`GateMoney`).
+
+        :param proposals: the answer proposes tool calls: an unpriced turn's
+            tokens are counted by the first call's admission (one transaction
+            for both; :meth:`_count_due` counts them alone when none is made)."""
         if turn.counted:
             return
         turn.counted = True
@@ -331,6 +356,9 @@ class ModelGate:
         turn.record.tokens += tokens
         turn.record.usage = "estimated" if usage.tokens is None else "reported"
         if turn.ns is None or turn.task_id is None:
+            return
+        if turn.price is None and proposals and not self.writes.tools:
+            turn.tokens_due = tokens
             return
         principal, ns, task_id = turn.principal, turn.ns, turn.task_id
         if turn.price is None:
@@ -347,6 +375,25 @@ class ModelGate:
         if over is not None and "cost_overshoot" in over:
             turn.record.cost_overshoot = float(over["cost_overshoot"])
 
+    def _count_due(self, turn: Turn) -> None:
+        """Count the tokens left to a call's admission that none counted (no
+        call reached a transaction, or its transaction failed)."""
+        tokens, turn.tokens_due = turn.tokens_due, 0
+        if tokens and turn.ns is not None and turn.task_id is not None:
+            principal, ns, task_id = turn.principal, turn.ns, turn.task_id
+            self.money.settle(lambda: self.tasks.record_tokens(principal, ns, task_id, tokens))
+
+    def _decide_counted(
+        self, turn: Turn, calls: list[Proposal], usage: Usage, estimate: int
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """Count the turn and decide its proposals (:meth:`_decide`), the tokens
+        of an unpriced turn in the first call's admission."""
+        self._count(turn, usage, estimate, proposals=bool(calls))
+        try:
+            return self._decide(turn, turn.body, calls)
+        finally:
+            self._count_due(turn)
+
     def _bad_upstream(self, turn: Turn, message: str) -> UpstreamError:
         turn.record.upstream_failed(TurnReason.BAD_UPSTREAM_RESPONSE)
         exc = UpstreamError(502, turn.adapter.error_body(message, "bad_upstream_response"))
@@ -357,8 +404,12 @@ class ModelGate:
         adapter = turn.adapter
         payload = adapter.forward_payload(body, turn.model)
         turn.record.turns += 1
+        inbound = turn.inbound
+        # Nothing of the request changed: its bytes go as they came (parsed once,
+        # never written again).
+        raw = inbound.raw if inbound is not None and payload == turn.received else None
         try:
-            exchange = self.upstream(adapter).post(adapter, payload, turn.stream, turn.inbound)
+            exchange = self.upstream(adapter).post(adapter, payload, turn.stream, inbound, raw)
         except UpstreamError as exc:
             turn.record.upstream_status = exc.status
             turn.record.upstream_failed(str(exc.status))
@@ -391,8 +442,8 @@ class ModelGate:
         except NotThisAnswer as exc:
             self._count(turn, NO_USAGE, estimate_tokens(payload, len(content)))
             raise self._bad_upstream(turn, str(exc)) from None
-        self._count(turn, answer.usage, estimate_tokens(payload, len(content)))
-        denied, again = self._decide(turn, turn.body, answer.proposals)
+        estimate = estimate_tokens(payload, len(content))
+        denied, again = self._decide_counted(turn, answer.proposals, answer.usage, estimate)
         if again is not None:
             nxt, denied, forward = self._again(turn, again)
             if nxt is not None:
@@ -462,8 +513,10 @@ class ModelGate:
                         yield event.raw
                         return
                     elif isinstance(event, Final):
-                        self._count(turn, event.usage, estimate_tokens(payload, chars))
-                        denied, again = self._decide(turn, turn.body, event.proposals)
+                        estimate = estimate_tokens(payload, chars)
+                        denied, again = self._decide_counted(
+                            turn, event.proposals, event.usage, estimate
+                        )
                         if again is not None:
                             nxt, denied, forward = self._again(turn, again)
                             if nxt is not None:

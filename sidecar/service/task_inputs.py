@@ -27,7 +27,8 @@ class CallInput:
     """A tool call to admit; ``call_id`` is the caller's own id (admission is
     idempotent on it), None for a generated one; ``flaw``: the model gate's screening;
     a write at the model gate (DESIGN §5.1) gives its ``lease_s``, ``reconcile``
-    check and ``ledger_repeats``."""
+    check and ``ledger_repeats``; ``tokens``: the model turn that proposed it, counted
+    first in the same transaction (as :meth:`TaskService.record_tokens` would)."""
 
     tool: str
     kind: CallKind
@@ -38,3 +39,4 @@ class CallInput:
     lease_s: float | None = None
     reconcile: dict[str, Any] | None = None
     ledger_repeats: bool = False
+    tokens: int = 0

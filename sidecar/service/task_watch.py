@@ -23,6 +23,7 @@ from typing import Any
 from sidecar.config import OutliersConfig
 from sidecar.core import executions as n8n_executions
 from sidecar.core import outliers
+from sidecar.core import tasks as core
 from sidecar.core.executions import ExecutionMode
 from sidecar.core.outliers import OutlierAction, OutlierPolicy, Totals
 from sidecar.core.tasks import Task
@@ -94,6 +95,18 @@ class TaskWatch:
             "tool_calls": task.used.tool_calls,
         }
         return outliers.judge(self.totals(txn, ns, task.workflow), used, self.policy)
+
+    def with_tokens(
+        self, txn: Txn, ns: str, task: Task, tokens: int
+    ) -> tuple[Task, list[outliers.Exceeded]]:
+        """``task`` with a model turn's ``tokens`` added, and the measures on which
+        that makes it an outlier (ended ``stopped``, ``outlier`` under
+        ``outliers.action: stop``)."""
+        new = core.record_tokens(task, tokens, txn.now)
+        exceeded = self.exceeded(txn, ns, new)
+        if exceeded and self.policy.action is OutlierAction.STOP:
+            new = core.end(new, core.EndReason.OUTLIER, txn.now)
+        return new, exceeded
 
     def plan(
         self,

@@ -341,10 +341,7 @@ class TaskService:
         """
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, Task]:
-            new = core.record_tokens(task, tokens, txn.now)
-            exceeded = self.watch.exceeded(txn, ns, new)
-            if self._outlier_stop(exceeded):
-                new = core.end(new, core.EndReason.OUTLIER, txn.now)
+            new, exceeded = self.watch.with_tokens(txn, ns, task, tokens)
             self._save(txn, ns, task, new, execution_id, exceeded)
             return None, new
 
@@ -415,6 +412,9 @@ class TaskService:
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ToolOutcome]]:
             self._remember(ns, task)
+            before, counted = task, list[Any]()
+            if body.tokens:  # the proposing turn's tokens first, as record_tokens
+                task, counted = self.watch.with_tokens(txn, ns, task, body.tokens)
             op = None
             op_key = None
             begin = None
@@ -446,7 +446,7 @@ class TaskService:
             new, new_op, out = core.admit_tool_call(
                 task, call, op, self.op_policy, txn.now, stopped, open_count=open_count
             )
-            self._save(txn, ns, task, new, execution_id, exceeded)
+            self._save(txn, ns, before, new, execution_id, counted or exceeded)
             if op_key is not None:
                 txn.save(self.operations.records, ns, op_key, new_op, op)
             return None, (new, out)

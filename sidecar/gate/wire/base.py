@@ -125,11 +125,14 @@ OPENAI = Api("openai", "Authorization", "Bearer ")
 class Inbound:
     """What of the agent's request is forwarded besides its body: the path below
     the API's prefix, the query string (raw), and its headers, their names in
-    lower case (only the API's ``pass_headers`` are read from them)."""
+    lower case (only the API's ``pass_headers`` are read from them); ``raw``, the
+    body's bytes as they came (None: not kept), sent as they are when the gate
+    forwards the request unchanged (no second serialisation)."""
 
     path: str
     query: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
+    raw: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from flask import Flask
 from served import Sidecar
 from task_agent import Agent
 
-from conftest import N8N_TOKEN, REPO, SCOPED_TOKEN, Api, AppFactory, free_port
+from conftest import ADMIN_TOKEN, N8N_TOKEN, REPO, SCOPED_TOKEN, Api, AppFactory, free_port
 from sidecar.service import keys
 
 CHAT = "/v1/openai/chat/completions"
@@ -766,6 +766,27 @@ def test_an_unpriced_model_is_refused_when_the_task_has_a_money_budget(
     b = Agent(api)  # no money budget: an unpriced model is counted in tokens only
     llm.mode = "final"
     assert turn(api, "chat", b.id, model="unpriced-model")[0] == 200
+
+
+def test_a_money_budget_given_at_resume_refuses_an_unpriced_model_from_then_on(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """A task without a money budget may use an unpriced model; once a resume gives it
+    one (``extend.max_cost``), the same worker refuses that model: a task's limits are
+    read each turn, never kept from an earlier one."""
+    api = Api(gate_app(make_app, llm, model_gate=PRICED).test_client())
+    a = Agent(api)
+    llm.mode = "final"
+    assert turn(api, "chat", a.id, model="unpriced-model")[0] == 200
+    admin = Api(api.client, token=ADMIN_TOKEN)
+    assert admin.post(f"/v1/tasks/{a.id}/stop", {"reason": "budget it"})[0] == 200
+    status, out = admin.post(
+        f"/v1/tasks/{a.id}/resume", {"reason": "with a budget", "extend": {"max_cost": 10}}
+    )
+    assert status == 200, out
+    status, out = turn(api, "chat", a.id, model="unpriced-model")
+    assert status == 422 and out["errors"][0]["loc"] == ["body", "model"], out
+    assert len(llm.requests) == 1
 
 
 @pytest.mark.all_stores  # a race on the store
