@@ -143,13 +143,15 @@ class QueueStack(StopsStack):
         return dict(self.admin(f"/v1/operations/{op_id}?workflow={workflow}")["operation"])
 
     def decisions(self) -> list[dict[str, Any]]:
-        """Every decision line both loopstop instances logged so far."""
+        """Every decision line both loopstop instances logged so far, in the order they
+        were decided (by ``ts``, milliseconds: one instance's log, then the other's,
+        would put a later decision of the first before an earlier one of the second)."""
         lines = []
         for s in self.sidecars:
             for line in s.log.read_text(errors="replace").splitlines():
                 if line.startswith("{") and '"event":"decision"' in line:
                     lines.append(json.loads(line))
-        return lines
+        return sorted(lines, key=lambda line: str(line["ts"]))
 
 
 def _subflows(recorder: str, loopstop: str) -> tuple[dict[str, Any], dict[str, Any]]:
