@@ -64,6 +64,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fake_llm import serve  # noqa: E402
 from served import Sidecar  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from model_gate import LIMITS  # noqa: E402
+
 from sidecar.app import create_app  # noqa: E402
 
 LITELLM = ROOT / "bench" / ".venv-litellm" / "bin" / "litellm"
@@ -72,14 +75,6 @@ TOKEN = "bench-token-0123456789abcdef0123"
 LITELLM_KEY = "sk-bench-0123456789abcdef0123456789abcdef"
 TURNS_PER_TASK = 20
 WARM_UP = 20
-LIMITS = {
-    "max_model_calls": 10**6,
-    "max_tool_calls": 10**6,
-    "max_same_call": 10**6,
-    "max_cycle_repeats": 1000,
-    "max_tokens": 10**10,
-    "deadline_s": 86400,
-}
 CASES = (
     ("chat", "final"),
     ("chat", "tool_call"),
@@ -142,48 +137,10 @@ def _redis(folder: str) -> Iterator[str]:
 @contextmanager
 def _floor(folder: str, redis_url: str, upstream: str, workers: int) -> Iterator[str]:
     """bench/floors.py's app under ``loopstop serve``'s gunicorn settings."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from run import SERVE_SETTINGS
+    from run import start_bare
 
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--chdir",
-            str(ROOT / "bench"),
-            "-w",
-            str(workers),
-            "-b",
-            f"127.0.0.1:{port}",
-            *SERVE_SETTINGS,
-            "--log-level",
-            "warning",
-            "floors:create_app()",
-        ],
-        env={
-            **os.environ,
-            "FLOOR_STORE": f"{redis_url}/3",
-            "FLOOR_UPSTREAM": upstream,
-            "FLOOR_TASK_DOC_BYTES": "4000",
-            "PYTHONPATH": str(ROOT),
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=folder,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_bare(workers, f"{redis_url}/3", upstream, {"FLOOR_TASK_DOC_BYTES": "4000"})
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.post(base + "/v1/activations", json={}, timeout=1)
-                break
-            except requests.RequestException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
         yield base + "/v1/openai"
     finally:
         proc.terminate()

@@ -50,6 +50,16 @@ from floors import sqlite_work
 #: one task for every turn, its history growing past 400 calls).
 TURNS_PER_TASK = 20
 
+#: Task limits no benchmark run reaches: a turn is measured, never refused.
+LIMITS = {
+    "max_model_calls": 10**6,
+    "max_tool_calls": 10**6,
+    "max_same_call": 10**6,
+    "max_cycle_repeats": 1000,
+    "max_tokens": 10**10,
+    "deadline_s": 86400,
+}
+
 
 def floor_app(folder: str, upstream: str) -> Flask:
     """A model turn's floor: one store transaction (the task read and
@@ -116,14 +126,7 @@ def main(turns: int) -> None:
         app = create_app(
             {
                 "store": f"sqlite:///{folder}/bench.db",
-                "limits": {
-                    "max_model_calls": 10**6,
-                    "max_tool_calls": 10**6,
-                    "max_same_call": 10**6,
-                    "max_cycle_repeats": 1000,
-                    "max_tokens": 10**10,
-                    "deadline_s": 86400,
-                },
+                "limits": LIMITS,
                 "model_gate": {
                     "upstream_url": llm.base,
                     "upstreams": {"anthropic": {"url": llm.root}},

@@ -189,10 +189,14 @@ SERVE_SETTINGS = [
 
 
 def start_bare(
-    workers: int, store_url: str | None = None, upstream: str = ""
+    workers: int,
+    store_url: str | None = None,
+    upstream: str = "",
+    environ: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """The bare route (``store_url`` None), or the floor of the store it names
-    (bench/floors.py: the least store work of each route)."""
+    (bench/floors.py: the least store work of each route); ``environ`` adds to the
+    floor's settings (``FLOOR_TASK_DOC_BYTES``)."""
     port = free_port()
     factory = "bare:create_app()" if store_url is None else "floors:create_app()"
     proc = subprocess.Popen(
@@ -216,6 +220,7 @@ def start_bare(
             "FLOOR_STORE": store_url or "",
             "FLOOR_UPSTREAM": upstream,
             "PYTHONPATH": str(ROOT),
+            **(environ or {}),
         },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
