@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import orjson
+
 from sidecar.store.base import Plan, encode_doc
 
 #: The script's text, registered once per store object.
@@ -25,6 +27,16 @@ def ttl_ms(ttl_s: float | None) -> str:
     """
     ms = 0 if ttl_s is None else max(1, math.ceil(ttl_s * 1000))
     return str(min(ms, MAX_TTL_MS))
+
+
+def _plan_json(plan: dict[str, Any]) -> bytes | str:
+    """The plan argument's JSON (orjson; :func:`json.dumps` for a member
+    name orjson refuses, a lone surrogate): the script's ``cjson`` reads
+    either the same."""
+    try:
+        return orjson.dumps(plan)
+    except TypeError:
+        return json.dumps(plan, separators=(",", ":"))
 
 
 def serialized(plan: Plan[Any]) -> dict[str, str | None]:
@@ -90,10 +102,7 @@ def script_call(raw: dict[str, str | None], plan: Plan[Any], prefix: str) -> Scr
     args: list[Any] = [
         len(doc_keys),
         *[raw[k] or "" for k in doc_keys],
-        json.dumps(
-            {"w": writes, "x": index_ops, "t": trims, "i": increments},
-            separators=(",", ":"),
-        ),
+        _plan_json({"w": writes, "x": index_ops, "t": trims, "i": increments}),
         *values,
     ]
     return ScriptCall(doc_keys, keys, args, texts)
