@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.errors import StoreUnavailable
-from sidecar.store.plan import decode_doc, encode_doc
+from sidecar.store.plan import WrittenText, decode_doc, encode_doc, written_text
 
 SCALARS = (
     st.none()
@@ -42,6 +42,14 @@ def test_every_writer_reads_back_as_json_loads(value: Any) -> None:
     ):
         assert _same(decode_doc("k", text), json.loads(text))
         assert _same(decode_doc("k", text.encode("utf-8", "surrogatepass")), json.loads(text))
+    marked = written_text(value)
+    assert marked == encode_doc(value)
+    assert _same(decode_doc("k", marked), json.loads(marked))
+
+
+def test_only_orjson_text_is_marked() -> None:
+    assert type(written_text({"a": [1, 2.5, "é"]})) is WrittenText
+    assert type(written_text({"big": 2**70})) is str  # json.dumps wrote it: checked on read
 
 
 @pytest.mark.parametrize(

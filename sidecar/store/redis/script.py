@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from sidecar.store.base import Plan, encode_doc
+from sidecar.store.plan import Plan, written_text
 
 #: The script's text, registered once per store object.
 CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
@@ -40,8 +40,11 @@ def _plan_json(plan: dict[str, Any]) -> bytes | str:
 
 
 def serialized(plan: Plan[Any]) -> dict[str, str | None]:
-    """The text of every document the plan writes (None: deleted)."""
-    return {key: None if w.doc is None else encode_doc(w.doc) for key, w in plan.writes.items()}
+    """The text of every document the plan writes (None: deleted), marked
+    when orjson wrote it (:func:`~sidecar.store.plan.written_text`): the texts
+    :class:`~sidecar.store.redis.recent.RecentValues` keeps are read back
+    without a check."""
+    return {key: None if w.doc is None else written_text(w.doc) for key, w in plan.writes.items()}
 
 
 @dataclass(frozen=True)
