@@ -34,18 +34,18 @@ class Source(Protocol):
 
 def decide(fn: TxnFn[T], reads: Reads) -> Plan[T] | None:
     """``fn`` on what the attempt read; None when that was a guess the plan
-    cannot stand on: ``fn`` raised on it (the error may not be the answer),
-    or the plan reads keys unchecked (the compare-and-set never checks them).
+    cannot stand on: ``fn`` raised on it (the error may not be the answer).
+    A plan decided on a guess has every key it read compared, those it
+    leaves unchecked too (``script_call(..., compare_unchecked=True)``).
 
     :raises Exception: what ``fn`` raised on values actually read.
     """
     try:
-        plan = fn(Snapshot(reads.docs, reads.load))
+        return fn(Snapshot(reads.docs, reads.load))
     except Exception:
         if reads.guessing:
             return None
         raise
-    return None if reads.guessing and plan.unchecked else plan
 
 
 class Reads:

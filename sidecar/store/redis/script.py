@@ -63,15 +63,19 @@ class ScriptCall:
     texts: dict[str, str | None]
 
 
-def script_call(raw: dict[str, str | None], plan: Plan[Any], prefix: str) -> ScriptCall:
+def script_call(
+    raw: dict[str, str | None], plan: Plan[Any], prefix: str, *, compare_unchecked: bool = False
+) -> ScriptCall:
     """The keys and arguments that apply ``plan`` if every document of ``raw``
     (less the plan's unchecked keys) still holds the raw value read.
 
+    :param compare_unchecked: compare the plan's unchecked keys too (a plan
+        decided on a guess: nothing it read may stand unchecked).
     :raises RuntimeError: the plan writes a key it did not read, or cannot be
         applied safely (:meth:`Plan.check`).
     """
     plan.check()
-    doc_keys = [k for k in raw if k not in plan.unchecked]
+    doc_keys = list(raw) if compare_unchecked else [k for k in raw if k not in plan.unchecked]
     position = {k: i + 1 for i, k in enumerate(doc_keys)}
     texts = serialized(plan)
     writes = []
