@@ -49,6 +49,10 @@ from sidecar.urls import redact_url
 log = logging.getLogger("loopstop.store")
 
 
+class _NotGuessed(Exception):
+    """A transaction decided on a guess read a key it had not declared."""
+
+
 class _Conflict(Exception):
     """A document changed between its read and the commit (nothing was written).
 
@@ -191,46 +195,68 @@ class PostgresStore(Store):
         absent_likely: bool = False,
         recent_likely: bool = False,
     ) -> T:
-        del absent_likely  # a read is one statement: nothing to save by guessing
+        del recent_likely  # no map of recent values: a read is one statement of the two
         self._guard_identity()
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         with self._connection(deadline) as conn:
-            # After a conflict, every key the losing attempt compared is
-            # locked (in one sorted pass: exclusive for the ones it wrote,
-            # shared for the rest) before it is read: a hot key then queues
-            # instead of spinning, and the locks are taken in one order.
-            hot: dict[str, bool] = {}
-            for attempt in range(self.max_retries):
-                try:
-                    plan = self._attempt(conn, declared, fn, hot)
-                    break
-                except _Conflict as conflict:
-                    for key in conflict.compared:
-                        hot[key] = hot.get(key, False) or key in conflict.written
-                    self._rollback(conn)
-                    self.events.conflict()
-                except _RETRYABLE:
-                    self._rollback(conn)
-                    self.events.conflict()
-                    pause = random.uniform(0, min(0.05, 0.001 * 2**attempt))
-                    if time.monotonic() + pause >= deadline:
-                        raise StoreUnavailable(
-                            "postgres store: no decision within the deadline (contention)"
-                        ) from None
-                    time.sleep(pause)
-                except BaseException:
-                    self._rollback(conn)
-                    raise
-            else:
-                raise StoreUnavailable(
-                    f"postgres store: gave up after {self.max_retries} conflicting transactions"
-                )
+            guessed, seed = None, None
+            if absent_likely and not self.serializable:
+                guessed, seed = self._guess_absent(conn, declared, fn)
+            plan = guessed or self._decide(conn, declared, fn, deadline, seed)
         self._maybe_sweep()
         return plan.committed()
 
+    def _decide(
+        self,
+        conn: PooledConnection,
+        declared: list[str],
+        fn: TxnFn[T],
+        deadline: float,
+        seed: list[Any] | None = None,
+    ) -> Plan[T]:
+        """Read, decide and write (:meth:`_attempt`) until one attempt commits
+        (the first on ``seed``'s read when given: :meth:`_guess_absent`'s).
+
+        :raises StoreUnavailable: past the deadline under contention, or after
+            ``max_retries`` conflicts.
+        """
+        # After a conflict, every key the losing attempt compared is
+        # locked (in one sorted pass: exclusive for the ones it wrote,
+        # shared for the rest) before it is read: a hot key then queues
+        # instead of spinning, and the locks are taken in one order.
+        hot: dict[str, bool] = {}
+        for attempt in range(self.max_retries):
+            try:
+                return self._attempt(conn, declared, fn, hot, seed if attempt == 0 else None)
+            except _Conflict as conflict:
+                for key in conflict.compared:
+                    hot[key] = hot.get(key, False) or key in conflict.written
+                self._rollback(conn)
+                self.events.conflict()
+            except _RETRYABLE:
+                self._rollback(conn)
+                self.events.conflict()
+                pause = random.uniform(0, min(0.05, 0.001 * 2**attempt))
+                if time.monotonic() + pause >= deadline:
+                    raise StoreUnavailable(
+                        "postgres store: no decision within the deadline (contention)"
+                    ) from None
+                time.sleep(pause)
+            except BaseException:
+                self._rollback(conn)
+                raise
+        raise StoreUnavailable(
+            f"postgres store: gave up after {self.max_retries} conflicting transactions"
+        )
+
     def _attempt(
-        self, conn: PooledConnection, declared: list[str], fn: TxnFn[T], hot: dict[str, bool]
+        self,
+        conn: PooledConnection,
+        declared: list[str],
+        fn: TxnFn[T],
+        hot: dict[str, bool],
+        seed: list[Any] | None = None,
     ) -> Plan[T]:
         """One try: read, decide, then lock, compare and write in one pipeline.
 
@@ -243,22 +269,25 @@ class PostgresStore(Store):
         reads = 0
         held: set[int] = set()
         held_exclusive: set[int] = set()
-        with conn.pipeline():
-            if self.serializable:
-                conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
-            elif hot:
-                conn.execute("BEGIN")
-                exclusive_ids = {sql.lock_id(k) for k, x in hot.items() if x}
-                shared_ids = {sql.lock_id(k) for k in hot} - exclusive_ids
-                conn.execute(
-                    sql.LOCKS,
-                    {"c": sql.LOCK_CLASS, "x": sorted(exclusive_ids), "s": sorted(shared_ids)},
-                )
-                held = exclusive_ids | shared_ids
-                held_exclusive = exclusive_ids
-            identity = conn.execute(sql.IDENTITY, (META_ID,))
-            selected = conn.execute(sql.SELECT, (declared, now))
-        self.events.round_trip()
+        if seed is not None:
+            identity, selected = seed
+        else:
+            with conn.pipeline():
+                if self.serializable:
+                    conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                elif hot:
+                    conn.execute("BEGIN")
+                    exclusive_ids = {sql.lock_id(k) for k, x in hot.items() if x}
+                    shared_ids = {sql.lock_id(k) for k in hot} - exclusive_ids
+                    conn.execute(
+                        sql.LOCKS,
+                        {"c": sql.LOCK_CLASS, "x": sorted(exclusive_ids), "s": sorted(shared_ids)},
+                    )
+                    held = exclusive_ids | shared_ids
+                    held_exclusive = exclusive_ids
+                identity = conn.execute(sql.IDENTITY, (META_ID,))
+                selected = conn.execute(sql.SELECT, (declared, now))
+            self.events.round_trip()
         reads += 1
         if self.identity is not None:
             row = identity.fetchone()
@@ -291,16 +320,46 @@ class PostgresStore(Store):
         # two such writers could both pass the check and one overwrite the other).
         exclusive = sorted({sql.lock_id(k) for k in plan.writes} - held_exclusive)
         shared = sorted({sql.lock_id(k) for k in compared} - set(exclusive) - held)
+        begin = not self.serializable and not hot
+        failure = self._write(conn, plan, now, raw, compared, exclusive, shared, begin=begin)
+        if failure is None:
+            return plan
+        if failure.sqlstate == "LS409":
+            raise _Conflict(set(plan.writes), set(compared)) from failure
+        if isinstance(failure, pgerrors.InvalidParameterValue):
+            raise RuntimeError(f"increment: {failure.diag.message_primary}") from failure
+        raise failure
+
+    def _write(
+        self,
+        conn: PooledConnection,
+        plan: Plan[Any],
+        now: float,
+        raw: Mapping[str, str | None],
+        compared: list[str],
+        exclusive: list[int],
+        shared: list[int],
+        begin: bool,
+        read: list[Any] | None = None,
+    ) -> psycopg.Error | None:
+        """Lock, compare ``compared`` with ``raw`` and apply ``plan`` in one
+        pipeline (after ``BEGIN`` when ``begin``; under ``serializable`` the
+        transaction compares nothing: it is the isolation level's). The error
+        that refused it, or None once committed. ``read`` gets the cursors of
+        the identity and of ``raw``'s keys, read first (their rows outlive a refusal)."""
         # The server's refusal may come back while the pipeline is still sending: it is
         # caught inside the block, so the pipeline ends quietly (psycopg logs a warning
-        # for an error that leaves the block), and raised once the pipeline is closed.
+        # for an error that leaves the block), and returned once the pipeline is closed.
         failure: psycopg.Error | None = None
         try:
             with conn.pipeline():
                 try:
                     if not self.serializable:
-                        if not hot:
+                        if begin:
                             conn.execute("BEGIN")
+                        if read is not None:
+                            read.append(conn.execute(sql.IDENTITY, (META_ID,)))
+                            read.append(conn.execute(sql.SELECT, (list(raw), now)))
                         if exclusive or shared:
                             conn.execute(
                                 sql.LOCKS, {"c": sql.LOCK_CLASS, "x": exclusive, "s": shared}
@@ -316,13 +375,47 @@ class PostgresStore(Store):
             failure = failure or exc
         finally:
             self.events.round_trip()  # a pipeline that lost was a round trip too
+        return failure
+
+    def _guess_absent(
+        self, conn: PooledConnection, declared: list[str], fn: TxnFn[T]
+    ) -> tuple[Plan[T] | None, list[Any] | None]:
+        """``absent_likely``: decide as if every key read were absent (those
+        first read inside ``fn`` too), then lock, compare every one of them
+        (the plan's unchecked keys too) and write in one pipeline: one round
+        trip. ``(None, ...)``, with nothing written, when the guess did not
+        hold (a key is there, ``fn`` raised on the guess, its plan writes
+        nothing) or the server refused the pipeline: the caller decides as
+        usual, on the read the pipeline made first (``seed``) when a key was
+        there (a replay, which writes nothing, is then answered in that trip).
+
+        :raises psycopg.Error: the server did not answer (a commit unknown).
+        """
+        now = self.clock()
+        docs: dict[str, Doc | None] = dict.fromkeys(declared)
+        try:
+            plan = fn(Snapshot(docs, lambda more: docs.update(dict.fromkeys(more))))
+        except Exception:
+            return None, None  # raised on a guess: not the answer
+        raw: dict[str, str | None] = dict.fromkeys(docs)
+        plan.check()
+        for key in plan.writes:
+            if key not in raw:
+                raise RuntimeError(f"transaction wrote {key!r} without reading it")
+        if not (plan.writes or plan.index or plan.trims or plan.increments):
+            return None, None  # a read answers a decision that writes nothing
+        exclusive = sorted({sql.lock_id(k) for k in plan.writes})
+        shared = sorted({sql.lock_id(k) for k in raw} - set(exclusive))
+        seed: list[Any] = []
+        failure = self._write(conn, plan, now, raw, list(raw), exclusive, shared, True, seed)
         if failure is None:
-            return plan
-        if failure.sqlstate == "LS409":
-            raise _Conflict(set(plan.writes), set(compared)) from failure
-        if isinstance(failure, pgerrors.InvalidParameterValue):
-            raise RuntimeError(f"increment: {failure.diag.message_primary}") from failure
-        raise failure
+            return plan, None
+        self._rollback(conn)
+        if failure.sqlstate is None:
+            raise failure  # no answer from the server: whether it committed is unknown
+        # The server refused a statement, so the transaction wrote nothing: a
+        # wrong guess (no conflict), or an error the read path names as usual.
+        return None, seed if failure.sqlstate == "LS409" and len(seed) == 2 else None
 
     @staticmethod
     def _keep(
