@@ -63,8 +63,8 @@ readiness), :mod:`.attempt` (what one attempt read or guessed),
 of recent values), :mod:`.connection` (the client, Sentinel, the URL).
 """
 
+from sidecar.store.recent import RECENT_CHARS, RECENT_KEYS
 from sidecar.store.redis.connection import parse_sentinel_url
-from sidecar.store.redis.recent import RECENT_CHARS, RECENT_KEYS
 from sidecar.store.redis.script import MAX_TTL_MS
 from sidecar.store.redis.store import RedisStore
 

@@ -10,7 +10,7 @@ import redis
 
 from sidecar.store.base import META_ID, Doc, Plan, Snapshot, StoreEvents, T, TxnFn, decode_doc
 from sidecar.store.plan import WrittenText
-from sidecar.store.redis.recent import RecentValues
+from sidecar.store.recent import RecentValues
 
 #: Characters from which a document read is looked up among the texts this
 #: process wrote (a task document with its history, not a small record).

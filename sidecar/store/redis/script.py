@@ -42,7 +42,7 @@ def _plan_json(plan: dict[str, Any]) -> bytes | str:
 def serialized(plan: Plan[Any]) -> dict[str, str | None]:
     """The text of every document the plan writes (None: deleted), marked
     when orjson wrote it (:func:`~sidecar.store.plan.written_text`): the texts
-    :class:`~sidecar.store.redis.recent.RecentValues` keeps are read back
+    :class:`~sidecar.store.recent.RecentValues` keeps are read back
     without a check."""
     return {key: None if w.doc is None else written_text(w.doc) for key, w in plan.writes.items()}
 

@@ -25,9 +25,9 @@ from sidecar.store.base import (
     TxnFn,
     decode_doc,
 )
+from sidecar.store.recent import RecentValues
 from sidecar.store.redis import connection
 from sidecar.store.redis.attempt import Reads, decide
-from sidecar.store.redis.recent import RecentValues
 from sidecar.store.redis.script import CAS, script_call, serialized
 
 log = logging.getLogger("loopstop.store")

@@ -1,4 +1,4 @@
-"""What a Redis store object last read or wrote under each key, for
+"""What a store object (Redis, PostgreSQL) last read or wrote under each key, for
 ``recent_likely`` guesses (a value here is only ever a guess: the
 compare-and-set checks it)."""
 
