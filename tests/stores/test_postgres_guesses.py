@@ -54,3 +54,37 @@ def test_absent_guess_and_its_replay_are_one_round_trip_each(
             store.transact(["other"], _raising("other"), absent_likely=True)
     finally:
         store.close()
+
+
+def _bump(snap: Snapshot) -> Plan[int]:
+    """Add one to ``n`` (a commit after its begin, a result after its call)."""
+    n = (snap.get("op") or {"n": 0})["n"]
+    return Plan(n + 1, {"op": Write({"n": n + 1})})
+
+
+def test_recent_guess_is_one_round_trip_and_a_changed_key_is_decided_again(
+    postgres_server: PostgresServer,
+) -> None:
+    """``recent_likely``: decided on what this store object last read or wrote,
+    compared in the commit pipeline; another writer's change in between is
+    seen (the decision is made again on it), never overwritten."""
+    postgres_server.reset()
+    trips: list[int] = []
+    store = PostgresStore(
+        postgres_server.url, events=StoreEvents(round_trip=lambda: trips.append(1))
+    )
+    other = PostgresStore(postgres_server.url)
+    store.ensure_schema()
+    try:
+        assert store.transact(["op"], _bump, absent_likely=True) == 1
+        trips.clear()
+        assert store.transact(["op"], _bump, recent_likely=True) == 2
+        assert len(trips) == 1
+        assert other.transact(["op"], _bump) == 3  # another worker
+        trips.clear()
+        assert store.transact(["op"], _bump, recent_likely=True) == 4
+        assert len(trips) == 2  # the guess lost; decided on the read that pipeline made
+        assert other.get("op") == {"n": 4}
+    finally:
+        store.close()
+        other.close()

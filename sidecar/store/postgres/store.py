@@ -35,7 +35,7 @@ from sidecar.store.base import (
     TxnFn,
     decode_doc,
 )
-from sidecar.store.postgres import sql
+from sidecar.store.postgres import pipeline, sql
 from sidecar.store.postgres.connection import (
     PARAMS,
     Deadlines,
@@ -44,6 +44,7 @@ from sidecar.store.postgres.connection import (
     check_url,
     open_pool,
 )
+from sidecar.store.recent import RecentValues
 from sidecar.urls import redact_url
 
 log = logging.getLogger("loopstop.store")
@@ -125,6 +126,8 @@ class PostgresStore(Store):
         self.clock = clock
         self.max_retries = max_retries
         self.events = events or StoreEvents()
+        #: What this process last read or wrote per key (``recent_likely`` guesses).
+        self.recent = RecentValues()
         self._pool: Pool | None = None
         self._deadlines = Deadlines()
         self._pid = os.getpid()
@@ -195,14 +198,21 @@ class PostgresStore(Store):
         absent_likely: bool = False,
         recent_likely: bool = False,
     ) -> T:
-        del recent_likely  # no map of recent values: a read is one statement of the two
         self._guard_identity()
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
+        known = None
+        if absent_likely and not self.serializable:
+            known = dict.fromkeys(declared)
+        elif recent_likely and not self.serializable:
+            known = self.recent.recall(declared)
         with self._connection(deadline) as conn:
             guessed, seed = None, None
-            if absent_likely and not self.serializable:
-                guessed, seed = self._guess_absent(conn, declared, fn)
+            if known is not None:
+                recall = self.recent.get
+                guessed, seed, raw, texts = pipeline.guess(self, conn, declared, fn, known, recall)
+                if guessed is not None:
+                    self.recent.after(raw, guessed, None, texts)
             plan = guessed or self._decide(conn, declared, fn, deadline, seed)
         self._maybe_sweep()
         return plan.committed()
@@ -216,7 +226,7 @@ class PostgresStore(Store):
         seed: list[Any] | None = None,
     ) -> Plan[T]:
         """Read, decide and write (:meth:`_attempt`) until one attempt commits
-        (the first on ``seed``'s read when given: :meth:`_guess_absent`'s).
+        (the first on ``seed``'s read when given: :func:`.pipeline.guess`'s).
 
         :raises StoreUnavailable: past the deadline under contention, or after
             ``max_retries`` conflicts.
@@ -232,10 +242,10 @@ class PostgresStore(Store):
             except _Conflict as conflict:
                 for key in conflict.compared:
                     hot[key] = hot.get(key, False) or key in conflict.written
-                self._rollback(conn)
+                pipeline.rollback(conn)
                 self.events.conflict()
             except _RETRYABLE:
-                self._rollback(conn)
+                pipeline.rollback(conn)
                 self.events.conflict()
                 pause = random.uniform(0, min(0.05, 0.001 * 2**attempt))
                 if time.monotonic() + pause >= deadline:
@@ -244,7 +254,7 @@ class PostgresStore(Store):
                     ) from None
                 time.sleep(pause)
             except BaseException:
-                self._rollback(conn)
+                pipeline.rollback(conn)
                 raise
         raise StoreUnavailable(
             f"postgres store: gave up after {self.max_retries} conflicting transactions"
@@ -293,6 +303,7 @@ class PostgresStore(Store):
             row = identity.fetchone()
             self._verify_identity(None if row is None else row[0])
         self._keep(docs, raw, declared, selected)
+        self.recent.remember(raw.items())
 
         def load(more: list[str]) -> None:
             nonlocal reads
@@ -302,6 +313,7 @@ class PostgresStore(Store):
                 self.events.round_trip()
                 reads += 1
                 self._keep(docs, raw, fresh, cur)
+                self.recent.remember((k, raw[k]) for k in fresh)
 
         plan = fn(Snapshot(docs, load))
         plan.check()
@@ -321,101 +333,19 @@ class PostgresStore(Store):
         exclusive = sorted({sql.lock_id(k) for k in plan.writes} - held_exclusive)
         shared = sorted({sql.lock_id(k) for k in compared} - set(exclusive) - held)
         begin = not self.serializable and not hot
-        failure = self._write(conn, plan, now, raw, compared, exclusive, shared, begin=begin)
+        texts = pipeline.texts_of(plan)
+        failure = pipeline.write(
+            self, conn, plan, now, raw, compared, exclusive, shared, begin, texts
+        )
         if failure is None:
+            self.recent.after(raw, plan, None, texts)
             return plan
+        self.recent.forget(compared)
         if failure.sqlstate == "LS409":
             raise _Conflict(set(plan.writes), set(compared)) from failure
         if isinstance(failure, pgerrors.InvalidParameterValue):
             raise RuntimeError(f"increment: {failure.diag.message_primary}") from failure
         raise failure
-
-    def _write(
-        self,
-        conn: PooledConnection,
-        plan: Plan[Any],
-        now: float,
-        raw: Mapping[str, str | None],
-        compared: list[str],
-        exclusive: list[int],
-        shared: list[int],
-        begin: bool,
-        read: list[Any] | None = None,
-    ) -> psycopg.Error | None:
-        """Lock, compare ``compared`` with ``raw`` and apply ``plan`` in one
-        pipeline (after ``BEGIN`` when ``begin``; under ``serializable`` the
-        transaction compares nothing: it is the isolation level's). The error
-        that refused it, or None once committed. ``read`` gets the cursors of
-        the identity and of ``raw``'s keys, read first (their rows outlive a refusal)."""
-        # The server's refusal may come back while the pipeline is still sending: it is
-        # caught inside the block, so the pipeline ends quietly (psycopg logs a warning
-        # for an error that leaves the block), and returned once the pipeline is closed.
-        failure: psycopg.Error | None = None
-        try:
-            with conn.pipeline():
-                try:
-                    if not self.serializable:
-                        if begin:
-                            conn.execute("BEGIN")
-                        if read is not None:
-                            read.append(conn.execute(sql.IDENTITY, (META_ID,)))
-                            read.append(conn.execute(sql.SELECT, (list(raw), now)))
-                        if exclusive or shared:
-                            conn.execute(
-                                sql.LOCKS, {"c": sql.LOCK_CLASS, "x": exclusive, "s": shared}
-                            )
-                        conn.execute(
-                            sql.CHECK, (compared, [raw[k] for k in compared], now, self.identity)
-                        )
-                    sql.apply(conn, plan, now)
-                    conn.execute("COMMIT")
-                except psycopg.Error as exc:
-                    failure = exc
-        except psycopg.Error as exc:  # at the pipeline's end: the refusal, or "aborted" after it
-            failure = failure or exc
-        finally:
-            self.events.round_trip()  # a pipeline that lost was a round trip too
-        return failure
-
-    def _guess_absent(
-        self, conn: PooledConnection, declared: list[str], fn: TxnFn[T]
-    ) -> tuple[Plan[T] | None, list[Any] | None]:
-        """``absent_likely``: decide as if every key read were absent (those
-        first read inside ``fn`` too), then lock, compare every one of them
-        (the plan's unchecked keys too) and write in one pipeline: one round
-        trip. ``(None, ...)``, with nothing written, when the guess did not
-        hold (a key is there, ``fn`` raised on the guess, its plan writes
-        nothing) or the server refused the pipeline: the caller decides as
-        usual, on the read the pipeline made first (``seed``) when a key was
-        there (a replay, which writes nothing, is then answered in that trip).
-
-        :raises psycopg.Error: the server did not answer (a commit unknown).
-        """
-        now = self.clock()
-        docs: dict[str, Doc | None] = dict.fromkeys(declared)
-        try:
-            plan = fn(Snapshot(docs, lambda more: docs.update(dict.fromkeys(more))))
-        except Exception:
-            return None, None  # raised on a guess: not the answer
-        raw: dict[str, str | None] = dict.fromkeys(docs)
-        plan.check()
-        for key in plan.writes:
-            if key not in raw:
-                raise RuntimeError(f"transaction wrote {key!r} without reading it")
-        if not (plan.writes or plan.index or plan.trims or plan.increments):
-            return None, None  # a read answers a decision that writes nothing
-        exclusive = sorted({sql.lock_id(k) for k in plan.writes})
-        shared = sorted({sql.lock_id(k) for k in raw} - set(exclusive))
-        seed: list[Any] = []
-        failure = self._write(conn, plan, now, raw, list(raw), exclusive, shared, True, seed)
-        if failure is None:
-            return plan, None
-        self._rollback(conn)
-        if failure.sqlstate is None:
-            raise failure  # no answer from the server: whether it committed is unknown
-        # The server refused a statement, so the transaction wrote nothing: a
-        # wrong guess (no conflict), or an error the read path names as usual.
-        return None, seed if failure.sqlstate == "LS409" and len(seed) == 2 else None
 
     @staticmethod
     def _keep(
@@ -429,15 +359,6 @@ class PostgresStore(Store):
         for key, doc in cur.fetchall():
             raw[key] = doc
             docs[key] = decode_doc(key, doc)
-
-    @staticmethod
-    def _rollback(conn: PooledConnection) -> None:
-        if conn.closed:
-            return
-        try:
-            conn.execute("ROLLBACK")
-        except psycopg.Error:
-            conn.close()  # the pool discards it
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
         self._guard_identity()
