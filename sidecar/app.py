@@ -195,9 +195,17 @@ def create_app(
     @app.after_request
     def _stamp(resp: Response) -> Response:
         headers = resp.headers
-        headers["X-Request-Id"] = g.get("request_id", "")
-        headers.setdefault("Cache-Control", "no-store")
-        headers.setdefault("X-Content-Type-Options", "nosniff")
+        # One pass over the names (each set or setdefault would scan them again).
+        names = {name.lower() for name, _ in headers}  # (name, value) pairs
+        request_id = g.get("request_id", "")
+        if "x-request-id" in names:
+            headers["X-Request-Id"] = request_id
+        else:
+            headers.add("X-Request-Id", request_id)
+        if "cache-control" not in names:
+            headers.add("Cache-Control", "no-store")
+        if "x-content-type-options" not in names:
+            headers.add("X-Content-Type-Options", "nosniff")
         if _current().path.startswith("/ui"):
             # No page of another site may frame the operator page (clickjacking).
             headers["X-Frame-Options"] = "DENY"

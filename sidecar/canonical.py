@@ -67,9 +67,7 @@ def canonical_json(value: Any) -> bytes:
         # No float, every key ASCII: the standard library writes the same bytes
         # (keys in code-unit order, the same escapes, integers as digits).
         try:
-            return json.dumps(
-                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-            ).encode()
+            return _PLAIN_WRITER.encode(value).encode()
         except UnicodeEncodeError as exc:  # a lone surrogate: not Unicode text
             raise ValueError(str(exc)) from exc
     try:
@@ -77,6 +75,11 @@ def canonical_json(value: Any) -> bytes:
     except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
         raise ValueError(str(exc)) from exc
 
+
+#: What ``json.dumps(value, sort_keys=True, separators=(",", ":"),
+#: ensure_ascii=False)`` writes with, built once (``json.dumps`` builds one per
+#: call when given options).
+_PLAIN_WRITER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 #: How deep :func:`_plain` looks before leaving a value to ``rfc8785``.
 _PLAIN_DEPTH = 32

@@ -55,11 +55,13 @@ class _DuplicateKey(ValueError):
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a key named twice: the first one, in order
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
     return out
 
 
@@ -128,13 +130,44 @@ def read_json_object() -> dict[str, Any]:
         raise MalformedRequest("the body nests too deeply") from exc
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise MalformedRequest(f"the body is not valid JSON: {exc}") from exc
-    problem = _bad_value(data, MAX_NESTING)
+    problem = _bad_value(data, MAX_NESTING) if _may_be_bad(data, MAX_NESTING) else None
     if problem is not None:
         where, msg = problem
         raise ValidationFailed([{"loc": ["body", *where], "msg": msg}])
     if not isinstance(data, dict):
         raise ValidationFailed([{"loc": ["body"], "msg": "the body must be a JSON object"}])
     return data
+
+
+def _may_be_bad(value: Any, limit: int) -> bool:
+    """False when :func:`_bad_value` would find nothing in ``value`` (the
+    same walk and checks, without the paths only :func:`_bad_value` builds;
+    an ASCII string is Unicode text without encoding it)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        kind = type(node)
+        if kind is str:
+            if not node.isascii() and not _is_text(node):
+                return True
+        elif kind is dict:
+            for k, v in node.items():
+                if type(k) is not str or (not k.isascii() and not _is_text(k)):
+                    return True
+                stack.append((v, depth + 1))
+        elif kind is list:
+            stack.extend((v, depth + 1) for v in node)
+        elif kind is int:
+            if abs(node) > _MAX_DOUBLE:
+                return True
+        elif kind is float:
+            if not math.isfinite(node):
+                return True
+        elif kind is not bool and node is not None:
+            return True  # anything else (a NaN literal's marker): the full walk tells
+    return False
 
 
 def _bad_value(value: Any, limit: int) -> tuple[list[str | int], str] | None:

@@ -102,7 +102,62 @@ def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
         text = orjson.dumps(line, default=str, option=_AS_STR).decode()
     except TypeError:
         text = json.dumps(line, separators=(",", ":"), default=str)
-    log.info(text)
+    _emit(text)
+
+
+#: The format a handler writes a decision line with, the line alone (``loopstop serve``'s).
+_MESSAGE_ONLY = "%(message)s"
+
+
+def _plain_handlers() -> list[logging.StreamHandler[Any]] | None:
+    """The handlers a decision line goes to, when each would write the line
+    itself and nothing else: a plain :class:`logging.StreamHandler` formatting
+    ``%(message)s`` with no filter, on loggers with no filter (``loopstop
+    serve`` sets one such handler). None otherwise (any other handler, format
+    or filter, none at all, a disabled logger): the line then goes through
+    :mod:`logging` as any record.
+    """
+    found: list[logging.StreamHandler[Any]] = []
+    logger: logging.Logger | None = log
+    while logger is not None:
+        if logger.filters or logger.disabled:
+            return None
+        for handler in logger.handlers:
+            fmt = handler.formatter
+            if (
+                type(handler) is not logging.StreamHandler
+                or handler.filters
+                or handler.level > logging.INFO
+                or type(fmt) is not logging.Formatter
+                or type(fmt._style) is not logging.PercentStyle
+                or fmt._style._fmt != _MESSAGE_ONLY
+            ):
+                return None
+            found.append(handler)
+        logger = logger.parent if logger.propagate else None
+    return found or None
+
+
+def _emit(text: str) -> None:
+    """Log ``text`` at INFO. To plain handlers (:func:`_plain_handlers`) the
+    line is written as :meth:`logging.StreamHandler.emit` writes it (the text,
+    the terminator, a flush, under the handler's lock), without the record,
+    the caller look-up and the formatting the line does not use; otherwise,
+    or when a write fails, through :mod:`logging`."""
+    handlers = _plain_handlers()
+    if handlers is None:
+        log.info(text)
+        return
+    for handler in handlers:
+        try:
+            with handler.lock:  # type: ignore[union-attr]
+                handler.stream.write(text + handler.terminator)
+                handler.flush()
+        except Exception:
+            # As logging would: the handler reports the failure its own way.
+            handler.handle(
+                log.makeRecord(log.name, logging.INFO, "(unknown file)", 0, text, (), None)
+            )
 
 
 def auth_failure(exc: LoopstopError, route: str, client: str | None, token: str | None) -> None:

@@ -7,6 +7,7 @@ The OpenAPI document at ``/openapi.json`` is generated from these models.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from datetime import UTC, datetime
@@ -213,8 +214,14 @@ class OperationQuery(ModeQuery):
 
 def rfc3339(ts: float | None) -> str | None:
     """Epoch seconds -> RFC 3339 UTC with milliseconds (``2026-11-30T12:00:00.000Z``)."""
-    if ts is None:
-        return None
+    return None if ts is None else _rfc3339(ts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rfc3339(ts: float) -> str:
+    """:func:`rfc3339`'s text, kept for the last timestamps written (a record's
+    ``created_at`` and ``updated_at`` are often one instant, and a replay
+    answers the same record again)."""
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -213,11 +213,15 @@ class Store(abc.ABC):
 
     - ``absent_likely`` (:meth:`transact`): decide on "every declared key is
       absent" without reading, and let the atomic compare check that guess
-      (a first ``begin`` of an id). Redis saves its read round trip; SQLite
-      and PostgreSQL read in the same transaction anyway and ignore it.
+      (a first ``begin`` of an id). Redis saves its read round trip, and
+      PostgreSQL its read pipeline (a replay is answered from the read that
+      pipeline made first); SQLite reads in the same transaction anyway and
+      ignores it.
     - ``recent_likely`` (:meth:`transact`): the same, on the values this
-      process last read or wrote for the keys (Redis keeps a bounded map of
-      them); a commit after its begin, a result after its call.
+      process last read or wrote for the keys (Redis and PostgreSQL keep a
+      bounded map of them); a commit after its begin, a result after its
+      call. A guess is compared whole, the keys a plan leaves unchecked
+      included.
     - :attr:`Plan.increments`: counters that many decisions share (a
       workflow's rate) are added at commit and never compared, so
       concurrent decisions do not conflict on them.

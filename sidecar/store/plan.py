@@ -17,6 +17,22 @@ T = TypeVar("T")
 Doc = dict[str, Any]
 
 
+class WrittenText(str):
+    """A document's text exactly as orjson wrote it (:func:`written_text`):
+    :func:`decode_doc` reads it back with orjson alone, with no check."""
+
+    __slots__ = ()
+
+
+def written_text(doc: Any) -> str:
+    """:func:`encode_doc`'s text, marked :class:`WrittenText` when orjson wrote it
+    (a store that keeps the texts it wrote reads them back faster)."""
+    try:
+        return WrittenText(orjson.dumps(doc), "utf-8")
+    except TypeError:
+        return json.dumps(doc, separators=(",", ":"))
+
+
 def encode_doc(doc: Any) -> str:
     """A document as compact JSON text (UTF-8, no spaces), as stored.
 
@@ -25,10 +41,9 @@ def encode_doc(doc: Any) -> str:
     orjson refuses, such as one holding an integer past 64 bits (request
     bodies may carry them) or a lone surrogate, is written by
     :func:`json.dumps` instead, ASCII-escaped, so every value is stored
-    exactly. Documents are read back with :func:`json.loads` (orjson would
-    turn such an integer into a float). Documents never hold NaN or
-    Infinity: the configuration and request bodies refuse them (orjson
-    would write ``null``).
+    exactly. Documents are read back by :func:`decode_doc`. Documents never
+    hold NaN or Infinity: the configuration and request bodies refuse them
+    (orjson would write ``null``).
 
     :raises TypeError: when neither can encode ``doc``.
     """
@@ -39,12 +54,30 @@ def encode_doc(doc: Any) -> str:
 
 
 def decode_doc(key: str, text: str | bytes) -> Any:
-    """A stored document read back (:func:`json.loads`).
+    """A stored document read back, exactly as :func:`json.loads` reads it.
+
+    orjson reads it (a task document of 43 KB: about 130 us, the check
+    included, against 210 us),
+    and the document is taken only when orjson writes it back to the very
+    same bytes. That holds for every document orjson wrote (:func:`encode_doc`),
+    and fails for any text orjson would read otherwise than :func:`json.loads`:
+    an integer past 64 bits (orjson reads a float, and writes it with an
+    exponent), ``\\u`` escapes, floats such as ``1e-07``, a key named twice.
+    Those, and text orjson refuses (NaN, lone surrogates), are read again by
+    :func:`json.loads`.
 
     :raises StoreUnavailable: the stored text is not JSON (damaged, or written
         by something else): a store that returns what it was not given fails
         closed, as one that does not answer.
     """
+    if type(text) is WrittenText:
+        return orjson.loads(str.__str__(text))  # orjson takes an exact str only
+    try:
+        doc = orjson.loads(text)
+        if orjson.dumps(doc) == (text if isinstance(text, bytes) else text.encode()):
+            return doc
+    except (ValueError, TypeError, UnicodeEncodeError):
+        pass  # read below as the standard library reads it, or refused
     try:
         return json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:

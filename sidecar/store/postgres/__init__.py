@@ -35,7 +35,15 @@ is the default).
 
 Round trips: two per decision (the read; the commit pipeline), one more
 for a key first read inside the function; a decision that writes nothing
-after one read needs no commit.
+after one read needs no commit. A transaction on keys that are probably
+new (``absent_likely``: a first ``begin``) or that probably hold what this
+store object last read or wrote (``recent_likely``: a commit after its
+begin, a tool call on a task this worker saw last; the map of
+:mod:`sidecar.store.recent`) decides on that guess and sends the commit
+pipeline at once (:mod:`.pipeline`), every key read compared (unchecked
+ones too) after one statement that reads them: one round trip; when a key
+differed, the pipeline wrote nothing and the decision is made again on
+that read (a replay, which writes nothing, is then answered in that trip).
 
 Every call has one deadline (``timeout_s``): a statement, a lock wait and
 the wait for a connection from the pool all end with it, and so does every

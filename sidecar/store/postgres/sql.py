@@ -4,6 +4,7 @@ and the statements that apply a plan."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -102,12 +103,22 @@ def lock_id(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big", signed=True)
 
 
-def apply(conn: psycopg.Connection[Any], plan: Plan[Any], now: float) -> None:
-    """Send the plan's writes, increments, trims and index changes (inside the
-    caller's transaction or pipeline)."""
+def apply(
+    conn: psycopg.Connection[Any],
+    plan: Plan[Any],
+    now: float,
+    texts: Mapping[str, str | None] | None = None,
+) -> None:
+    """Send the plan's writes (the documents' ``texts`` when given, else
+    encoded here), increments, trims and index changes (inside the caller's
+    transaction or pipeline)."""
     cur = conn.cursor()
     puts = [
-        (k, encode_doc(w.doc), None if w.ttl_s is None else now + w.ttl_s)
+        (
+            k,
+            str(texts[k]) if texts else encode_doc(w.doc),
+            None if w.ttl_s is None else now + w.ttl_s,
+        )
         for k, w in plan.writes.items()
         if w.doc is not None
     ]

@@ -35,7 +35,7 @@ from sidecar.store.base import (
     TxnFn,
     decode_doc,
 )
-from sidecar.store.postgres import sql
+from sidecar.store.postgres import pipeline, sql
 from sidecar.store.postgres.connection import (
     PARAMS,
     Deadlines,
@@ -44,9 +44,14 @@ from sidecar.store.postgres.connection import (
     check_url,
     open_pool,
 )
+from sidecar.store.recent import RecentValues
 from sidecar.urls import redact_url
 
 log = logging.getLogger("loopstop.store")
+
+
+class _NotGuessed(Exception):
+    """A transaction decided on a guess read a key it had not declared."""
 
 
 class _Conflict(Exception):
@@ -121,6 +126,8 @@ class PostgresStore(Store):
         self.clock = clock
         self.max_retries = max_retries
         self.events = events or StoreEvents()
+        #: What this process last read or wrote per key (``recent_likely`` guesses).
+        self.recent = RecentValues()
         self._pool: Pool | None = None
         self._deadlines = Deadlines()
         self._pid = os.getpid()
@@ -191,46 +198,75 @@ class PostgresStore(Store):
         absent_likely: bool = False,
         recent_likely: bool = False,
     ) -> T:
-        del absent_likely  # a read is one statement: nothing to save by guessing
         self._guard_identity()
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
+        known = None
+        if absent_likely and not self.serializable:
+            known = dict.fromkeys(declared)
+        elif recent_likely and not self.serializable:
+            known = self.recent.recall(declared)
         with self._connection(deadline) as conn:
-            # After a conflict, every key the losing attempt compared is
-            # locked (in one sorted pass: exclusive for the ones it wrote,
-            # shared for the rest) before it is read: a hot key then queues
-            # instead of spinning, and the locks are taken in one order.
-            hot: dict[str, bool] = {}
-            for attempt in range(self.max_retries):
-                try:
-                    plan = self._attempt(conn, declared, fn, hot)
-                    break
-                except _Conflict as conflict:
-                    for key in conflict.compared:
-                        hot[key] = hot.get(key, False) or key in conflict.written
-                    self._rollback(conn)
-                    self.events.conflict()
-                except _RETRYABLE:
-                    self._rollback(conn)
-                    self.events.conflict()
-                    pause = random.uniform(0, min(0.05, 0.001 * 2**attempt))
-                    if time.monotonic() + pause >= deadline:
-                        raise StoreUnavailable(
-                            "postgres store: no decision within the deadline (contention)"
-                        ) from None
-                    time.sleep(pause)
-                except BaseException:
-                    self._rollback(conn)
-                    raise
-            else:
-                raise StoreUnavailable(
-                    f"postgres store: gave up after {self.max_retries} conflicting transactions"
-                )
+            guessed, seed = None, None
+            if known is not None:
+                recall = self.recent.get
+                guessed, seed, raw, texts = pipeline.guess(self, conn, declared, fn, known, recall)
+                if guessed is not None:
+                    self.recent.after(raw, guessed, None, texts)
+            plan = guessed or self._decide(conn, declared, fn, deadline, seed)
         self._maybe_sweep()
         return plan.committed()
 
+    def _decide(
+        self,
+        conn: PooledConnection,
+        declared: list[str],
+        fn: TxnFn[T],
+        deadline: float,
+        seed: list[Any] | None = None,
+    ) -> Plan[T]:
+        """Read, decide and write (:meth:`_attempt`) until one attempt commits
+        (the first on ``seed``'s read when given: :func:`.pipeline.guess`'s).
+
+        :raises StoreUnavailable: past the deadline under contention, or after
+            ``max_retries`` conflicts.
+        """
+        # After a conflict, every key the losing attempt compared is
+        # locked (in one sorted pass: exclusive for the ones it wrote,
+        # shared for the rest) before it is read: a hot key then queues
+        # instead of spinning, and the locks are taken in one order.
+        hot: dict[str, bool] = {}
+        for attempt in range(self.max_retries):
+            try:
+                return self._attempt(conn, declared, fn, hot, seed if attempt == 0 else None)
+            except _Conflict as conflict:
+                for key in conflict.compared:
+                    hot[key] = hot.get(key, False) or key in conflict.written
+                pipeline.rollback(conn)
+                self.events.conflict()
+            except _RETRYABLE:
+                pipeline.rollback(conn)
+                self.events.conflict()
+                pause = random.uniform(0, min(0.05, 0.001 * 2**attempt))
+                if time.monotonic() + pause >= deadline:
+                    raise StoreUnavailable(
+                        "postgres store: no decision within the deadline (contention)"
+                    ) from None
+                time.sleep(pause)
+            except BaseException:
+                pipeline.rollback(conn)
+                raise
+        raise StoreUnavailable(
+            f"postgres store: gave up after {self.max_retries} conflicting transactions"
+        )
+
     def _attempt(
-        self, conn: PooledConnection, declared: list[str], fn: TxnFn[T], hot: dict[str, bool]
+        self,
+        conn: PooledConnection,
+        declared: list[str],
+        fn: TxnFn[T],
+        hot: dict[str, bool],
+        seed: list[Any] | None = None,
     ) -> Plan[T]:
         """One try: read, decide, then lock, compare and write in one pipeline.
 
@@ -243,27 +279,31 @@ class PostgresStore(Store):
         reads = 0
         held: set[int] = set()
         held_exclusive: set[int] = set()
-        with conn.pipeline():
-            if self.serializable:
-                conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
-            elif hot:
-                conn.execute("BEGIN")
-                exclusive_ids = {sql.lock_id(k) for k, x in hot.items() if x}
-                shared_ids = {sql.lock_id(k) for k in hot} - exclusive_ids
-                conn.execute(
-                    sql.LOCKS,
-                    {"c": sql.LOCK_CLASS, "x": sorted(exclusive_ids), "s": sorted(shared_ids)},
-                )
-                held = exclusive_ids | shared_ids
-                held_exclusive = exclusive_ids
-            identity = conn.execute(sql.IDENTITY, (META_ID,))
-            selected = conn.execute(sql.SELECT, (declared, now))
-        self.events.round_trip()
+        if seed is not None:
+            identity, selected = seed
+        else:
+            with conn.pipeline():
+                if self.serializable:
+                    conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                elif hot:
+                    conn.execute("BEGIN")
+                    exclusive_ids = {sql.lock_id(k) for k, x in hot.items() if x}
+                    shared_ids = {sql.lock_id(k) for k in hot} - exclusive_ids
+                    conn.execute(
+                        sql.LOCKS,
+                        {"c": sql.LOCK_CLASS, "x": sorted(exclusive_ids), "s": sorted(shared_ids)},
+                    )
+                    held = exclusive_ids | shared_ids
+                    held_exclusive = exclusive_ids
+                identity = conn.execute(sql.IDENTITY, (META_ID,))
+                selected = conn.execute(sql.SELECT, (declared, now))
+            self.events.round_trip()
         reads += 1
         if self.identity is not None:
             row = identity.fetchone()
             self._verify_identity(None if row is None else row[0])
         self._keep(docs, raw, declared, selected)
+        self.recent.remember(raw.items())
 
         def load(more: list[str]) -> None:
             nonlocal reads
@@ -273,6 +313,7 @@ class PostgresStore(Store):
                 self.events.round_trip()
                 reads += 1
                 self._keep(docs, raw, fresh, cur)
+                self.recent.remember((k, raw[k]) for k in fresh)
 
         plan = fn(Snapshot(docs, load))
         plan.check()
@@ -291,33 +332,15 @@ class PostgresStore(Store):
         # two such writers could both pass the check and one overwrite the other).
         exclusive = sorted({sql.lock_id(k) for k in plan.writes} - held_exclusive)
         shared = sorted({sql.lock_id(k) for k in compared} - set(exclusive) - held)
-        # The server's refusal may come back while the pipeline is still sending: it is
-        # caught inside the block, so the pipeline ends quietly (psycopg logs a warning
-        # for an error that leaves the block), and raised once the pipeline is closed.
-        failure: psycopg.Error | None = None
-        try:
-            with conn.pipeline():
-                try:
-                    if not self.serializable:
-                        if not hot:
-                            conn.execute("BEGIN")
-                        if exclusive or shared:
-                            conn.execute(
-                                sql.LOCKS, {"c": sql.LOCK_CLASS, "x": exclusive, "s": shared}
-                            )
-                        conn.execute(
-                            sql.CHECK, (compared, [raw[k] for k in compared], now, self.identity)
-                        )
-                    sql.apply(conn, plan, now)
-                    conn.execute("COMMIT")
-                except psycopg.Error as exc:
-                    failure = exc
-        except psycopg.Error as exc:  # at the pipeline's end: the refusal, or "aborted" after it
-            failure = failure or exc
-        finally:
-            self.events.round_trip()  # a pipeline that lost was a round trip too
+        begin = not self.serializable and not hot
+        texts = pipeline.texts_of(plan)
+        failure = pipeline.write(
+            self, conn, plan, now, raw, compared, exclusive, shared, begin, texts
+        )
         if failure is None:
+            self.recent.after(raw, plan, None, texts)
             return plan
+        self.recent.forget(compared)
         if failure.sqlstate == "LS409":
             raise _Conflict(set(plan.writes), set(compared)) from failure
         if isinstance(failure, pgerrors.InvalidParameterValue):
@@ -336,15 +359,6 @@ class PostgresStore(Store):
         for key, doc in cur.fetchall():
             raw[key] = doc
             docs[key] = decode_doc(key, doc)
-
-    @staticmethod
-    def _rollback(conn: PooledConnection) -> None:
-        if conn.closed:
-            return
-        try:
-            conn.execute("ROLLBACK")
-        except psycopg.Error:
-            conn.close()  # the pool discards it
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Doc | None]:
         self._guard_identity()

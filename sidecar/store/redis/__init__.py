@@ -32,9 +32,11 @@ commit after its begin, a tool call's result after its admission) skips the
 ``MGET`` the same way when every declared key is in the store object's map
 of recent values (the raw text it last read or wrote per key, bounded by
 :data:`RECENT_KEYS` and :data:`RECENT_CHARS`): the function decides on those
-values and the compare-and-set checks them exactly. A guess never stands on
-keys the plan leaves unchecked (counters that increments change): those
-transactions read.
+values and the compare-and-set checks them exactly, the keys the plan
+leaves unchecked included (counters that increments change, such as a
+workflow's task totals): a guess stands only on what the script compared.
+When one of them moved, the script's answer is the read and the function
+runs again on it, with those keys unchecked as usual.
 
 Every transaction also compares the store's identity (``loopstop:store_id``)
 inside the same ``MGET`` or script, so a Redis restarted empty is refused
@@ -61,8 +63,8 @@ readiness), :mod:`.attempt` (what one attempt read or guessed),
 of recent values), :mod:`.connection` (the client, Sentinel, the URL).
 """
 
+from sidecar.store.recent import RECENT_CHARS, RECENT_KEYS
 from sidecar.store.redis.connection import parse_sentinel_url
-from sidecar.store.redis.recent import RECENT_CHARS, RECENT_KEYS
 from sidecar.store.redis.script import MAX_TTL_MS
 from sidecar.store.redis.store import RedisStore
 

@@ -9,7 +9,12 @@ from typing import Protocol, cast
 import redis
 
 from sidecar.store.base import META_ID, Doc, Plan, Snapshot, StoreEvents, T, TxnFn, decode_doc
-from sidecar.store.redis.recent import RecentValues
+from sidecar.store.plan import WrittenText
+from sidecar.store.recent import RecentValues
+
+#: Characters from which a document read is looked up among the texts this
+#: process wrote (a task document with its history, not a small record).
+_LARGE = 4096
 
 
 class Source(Protocol):
@@ -29,18 +34,18 @@ class Source(Protocol):
 
 def decide(fn: TxnFn[T], reads: Reads) -> Plan[T] | None:
     """``fn`` on what the attempt read; None when that was a guess the plan
-    cannot stand on: ``fn`` raised on it (the error may not be the answer),
-    or the plan reads keys unchecked (the compare-and-set never checks them).
+    cannot stand on: ``fn`` raised on it (the error may not be the answer).
+    A plan decided on a guess has every key it read compared, those it
+    leaves unchecked too (``script_call(..., compare_unchecked=True)``).
 
     :raises Exception: what ``fn`` raised on values actually read.
     """
     try:
-        plan = fn(Snapshot(reads.docs, reads.load))
+        return fn(Snapshot(reads.docs, reads.load))
     except Exception:
         if reads.guessing:
             return None
         raise
-    return None if reads.guessing and plan.unchecked else plan
 
 
 class Reads:
@@ -103,5 +108,12 @@ class Reads:
         store = self.store
         store.events.round_trip()
         values = cast(list[str | None], store.client.mget([store.key(k) for k in fresh]))
+        for i, value in enumerate(values):
+            if value is not None and len(value) >= _LARGE:
+                # This process's own text, unchanged since it wrote it: read
+                # back with no check (see decode_doc).
+                known = store.recent.get(fresh[i])
+                if type(known) is WrittenText and known == value:
+                    values[i] = known
         self._keep(fresh, values)
         store.recent.remember(zip(fresh, values, strict=True))

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from sidecar.store.base import Plan, encode_doc
+import orjson
+
+from sidecar.store.plan import Plan, written_text
 
 #: The script's text, registered once per store object.
 CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
@@ -27,9 +29,22 @@ def ttl_ms(ttl_s: float | None) -> str:
     return str(min(ms, MAX_TTL_MS))
 
 
+def _plan_json(plan: dict[str, Any]) -> bytes | str:
+    """The plan argument's JSON (orjson; :func:`json.dumps` for a member
+    name orjson refuses, a lone surrogate): the script's ``cjson`` reads
+    either the same."""
+    try:
+        return orjson.dumps(plan)
+    except TypeError:
+        return json.dumps(plan, separators=(",", ":"))
+
+
 def serialized(plan: Plan[Any]) -> dict[str, str | None]:
-    """The text of every document the plan writes (None: deleted)."""
-    return {key: None if w.doc is None else encode_doc(w.doc) for key, w in plan.writes.items()}
+    """The text of every document the plan writes (None: deleted), marked
+    when orjson wrote it (:func:`~sidecar.store.plan.written_text`): the texts
+    :class:`~sidecar.store.recent.RecentValues` keeps are read back
+    without a check."""
+    return {key: None if w.doc is None else written_text(w.doc) for key, w in plan.writes.items()}
 
 
 @dataclass(frozen=True)
@@ -48,15 +63,19 @@ class ScriptCall:
     texts: dict[str, str | None]
 
 
-def script_call(raw: dict[str, str | None], plan: Plan[Any], prefix: str) -> ScriptCall:
+def script_call(
+    raw: dict[str, str | None], plan: Plan[Any], prefix: str, *, compare_unchecked: bool = False
+) -> ScriptCall:
     """The keys and arguments that apply ``plan`` if every document of ``raw``
     (less the plan's unchecked keys) still holds the raw value read.
 
+    :param compare_unchecked: compare the plan's unchecked keys too (a plan
+        decided on a guess: nothing it read may stand unchecked).
     :raises RuntimeError: the plan writes a key it did not read, or cannot be
         applied safely (:meth:`Plan.check`).
     """
     plan.check()
-    doc_keys = [k for k in raw if k not in plan.unchecked]
+    doc_keys = list(raw) if compare_unchecked else [k for k in raw if k not in plan.unchecked]
     position = {k: i + 1 for i, k in enumerate(doc_keys)}
     texts = serialized(plan)
     writes = []
@@ -90,10 +109,7 @@ def script_call(raw: dict[str, str | None], plan: Plan[Any], prefix: str) -> Scr
     args: list[Any] = [
         len(doc_keys),
         *[raw[k] or "" for k in doc_keys],
-        json.dumps(
-            {"w": writes, "x": index_ops, "t": trims, "i": increments},
-            separators=(",", ":"),
-        ),
+        _plan_json({"w": writes, "x": index_ops, "t": trims, "i": increments}),
         *values,
     ]
     return ScriptCall(doc_keys, keys, args, texts)

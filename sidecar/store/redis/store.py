@@ -25,9 +25,9 @@ from sidecar.store.base import (
     TxnFn,
     decode_doc,
 )
+from sidecar.store.recent import RecentValues
 from sidecar.store.redis import connection
 from sidecar.store.redis.attempt import Reads, decide
-from sidecar.store.redis.recent import RecentValues
 from sidecar.store.redis.script import CAS, script_call, serialized
 
 log = logging.getLogger("loopstop.store")
@@ -186,7 +186,7 @@ class RedisStore(Store):
             if quiet and not guessing and reads.snapshots <= 1:
                 return plan.committed()  # read at one instant: consistent as it is
             try:
-                current, texts = self._compare_and_set(reads.raw, plan, deadline)
+                current, texts = self._compare_and_set(reads.raw, plan, deadline, guessing)
                 self.recent.after(reads.raw, plan, current, texts)
             except redis.TimeoutError:
                 if time.monotonic() >= deadline:
@@ -257,13 +257,14 @@ class RedisStore(Store):
         return all(v == planned[k] for k, v in zip(planned, now, strict=True))
 
     def _compare_and_set(
-        self, raw: dict[str, str | None], plan: Plan[Any], deadline: float
+        self, raw: dict[str, str | None], plan: Plan[Any], deadline: float, guessed: bool
     ) -> tuple[dict[str, str | None] | None, dict[str, str | None]]:
         """Run ``cas.lua``: None when the plan was applied; otherwise nothing
         was written and the answer is the current raw value of every compared
-        document (those ``raw`` holds, less the plan's unchecked keys). Beside
-        it, the text of every document the plan writes (encoded once)."""
-        call = script_call(raw, plan, self.prefix)
+        document (those ``raw`` holds, less the plan's unchecked keys unless
+        ``raw`` was ``guessed``: a guess is compared whole). Beside it, the
+        text of every document the plan writes (encoded once)."""
+        call = script_call(raw, plan, self.prefix, compare_unchecked=guessed)
         self.events.round_trip()
         script_keys, script_args = call.keys, call.args
         if self.wait_replicas > 0:

@@ -1,4 +1,4 @@
-"""What a Redis store object last read or wrote under each key, for
+"""What a store object (Redis, PostgreSQL) last read or wrote under each key, for
 ``recent_likely`` guesses (a value here is only ever a guess: the
 compare-and-set checks it)."""
 
@@ -68,11 +68,13 @@ class RecentValues:
         written: dict[str, str | None],
     ) -> None:
         """Keep what a compare-and-set left: the plan's documents when it
-        applied (``written``, their texts; and the compared ones as read),
-        else the values it answered."""
-        self.forget([*plan.increments, *plan.unchecked])
+        applied (``written``, their texts; and the other documents as read,
+        those the plan left unchecked included: a guess compares them), else
+        the values it answered. The counters it incremented are forgotten
+        (their new text is the script's)."""
+        self.forget(plan.increments)
         if current is not None:
             self.remember(current.items())
             return
-        compared = ((k, v) for k, v in raw.items() if k not in written and k not in plan.unchecked)
-        self.remember([*compared, *written.items()])
+        kept = ((k, v) for k, v in raw.items() if k not in written and k not in plan.increments)
+        self.remember([*kept, *written.items()])
