@@ -537,8 +537,9 @@ def test_absent_likely_drops_errors_and_unchecked_reads_of_a_guess(
     redis_server: RedisServer,
 ) -> None:
     """An exception raised on the guess is not the answer (the function runs
-    again on what is stored); a plan that reads a key unchecked is never
-    decided on a guess (that key is not compared), so it is read for real."""
+    again on what is stored); a plan that reads a key unchecked is decided on a
+    guess only as far as every key it read is compared: a wrong guess of that
+    key loses, and the script's answer is the read it decides on."""
     redis_server.client().flushdb()
     store = RedisStore(redis_server.url)
     put(store, "a", {"v": 1})
