@@ -38,6 +38,7 @@ import re
 import shutil
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -383,6 +384,110 @@ def print_vs_floor(
         )
 
 
+def measure_sidecar(
+    name: str,
+    base: str,
+    scenario: str,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    client: redis.Redis,
+) -> dict[str, Any]:
+    """One wrk run of ``scenario`` against the sidecar at ``base``, with its round
+    trips and conflicts per decision (its own /metrics) and, on Redis, the
+    commands per decision (INFO commandstats)."""
+    extra = {"BENCH_RUN": f"{name}{scenario[:3]}{time.monotonic_ns() % 10**6}"}
+    if scenario.startswith(("tool", "model")):
+        extra["BENCH_TASKS"] = make_tasks(base, 2 * args.connections)
+        extra["BENCH_THREADS"] = str(args.threads)
+    (decided0, trips0, conflicts0), calls0 = store_counts(base), redis_calls(client)
+    figures = wrk(base, scenario, args, {**env, **extra})
+    if name in ("redis", "postgres"):
+        time.sleep(1)  # let the requests wrk left in flight finish
+        decided, trips, conflicts = store_counts(base)
+        n = decided - decided0
+        if n <= 0:
+            raise RuntimeError(
+                f"{name} {scenario}: the sidecar counted no decision "
+                f"(wrk: {figures['requests']} requests, "
+                f"{figures['errors']} errors, {figures['non_2xx']} non-2xx)"
+            )
+        figures["round_trips"] = (trips - trips0) / n
+        figures["conflicts"] = (conflicts - conflicts0) / n
+        if name == "redis":
+            figures["commands"] = (redis_calls(client) - calls0) / n
+    return figures
+
+
+def vs_floor_rounds(
+    args: argparse.Namespace,
+    scenarios: list[str],
+    store_urls: dict[str, str],
+    upstream: str,
+    env: dict[str, str],
+    client: redis.Redis,
+) -> None:
+    """``--vs-floor --rounds N``: per store, the floor and the sidecar served side by
+    side (the floor on its own Redis database), and each route driven ``N`` times
+    against each in turn (floor first in odd rounds, sidecar first in even ones), so
+    a drift of the machine (other work, a neighbour's steal) falls on both alike.
+    Prints each round's ratio and their median per route."""
+    print(
+        f"{'store':<10} {'route':<18} {'floor /s':>9} {'sidecar /s':>11} {'p99 ms':>8} "
+        f"{'vs floor':>9} {'rounds':>24} {'RTT/dec':>8} {'cmds/dec':>9} {'non-2xx':>8}"
+    )
+    for name, url in store_urls.items():
+        floor_url = (
+            f"sqlite:///{Path(url.removeprefix('sqlite:///')).parent}/floor.db"
+            if (name == "sqlite")
+            else (url.rsplit("/", 1)[0] + "/1" if name == "redis" else url)
+        )
+        workdir = Path(tempfile.mkdtemp(prefix=f"loopstop-bench-{name}-"))
+        floor, floor_base = start_bare(args.workers, floor_url, upstream)
+        proc, base = start_sidecar(url, workdir, args.workers, upstream)
+        try:
+            warm_up(floor_base, args, {**env, "BENCH_RUN": "warmfloor"})
+            warm_up(base, args, {**env, "BENCH_RUN": f"warm{name}"})
+            for scenario in scenarios:
+                floors: list[dict[str, Any]] = []
+                sidecars: list[dict[str, Any]] = []
+                for r in range(args.rounds):
+                    floor_env = {
+                        **env,
+                        "BENCH_TASKS": ",".join(f"t{i:020x}" for i in range(2 * args.connections)),
+                        "BENCH_THREADS": str(args.threads),
+                        "BENCH_RUN": f"fl{scenario[:3]}{r}",
+                    }
+                    order = ["floor", "sidecar"] if r % 2 == 0 else ["sidecar", "floor"]
+                    for side in order:
+                        if side == "floor":
+                            floors.append(wrk(floor_base, scenario, args, floor_env))
+                        else:
+                            sidecars.append(
+                                measure_sidecar(name, base, scenario, args, env, client)
+                            )
+                ratios = sorted(
+                    s["per_s"] / f["per_s"] for s, f in zip(sidecars, floors, strict=True)
+                )
+                median = statistics.median(ratios)
+                mid = sorted(sidecars, key=lambda f: f["per_s"])[len(sidecars) // 2]
+                floor_mid = sorted(floors, key=lambda f: f["per_s"])[len(floors) // 2]
+                rtt = f"{mid['round_trips']:.2f}" if "round_trips" in mid else ""
+                cmds = f"{mid['commands']:.2f}" if "commands" in mid else ""
+                failed = sum(f["errors"] + f["non_2xx"] for f in sidecars + floors)
+                each = " ".join(f"{x:.2f}" for x in ratios)
+                print(
+                    f"{name:<10} {scenario:<18} {floor_mid['per_s']:>9.0f} "
+                    f"{mid['per_s']:>11.0f} {mid['p99_ms']:>8.2f} {median:>9.2f} "
+                    f"{each:>24} {rtt:>8} {cmds:>9} {failed:>8}",
+                    flush=True,
+                )
+        finally:
+            stop(proc)
+            stop(floor)
+            proc.wait(10)
+            floor.wait(10)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="loopstop benchmarks (wrk)")
     ap.add_argument("--duration", type=int, default=10, help="seconds per run")
@@ -408,6 +513,14 @@ def main() -> int:
         action="store_true",
         help="only the floors and the sidecar (no bare route, no size run); "
         "print decisions/s, p99 and vs floor per route",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="with --vs-floor: drive each route this many times against the floor and the "
+        "sidecar in turn, both served at once, and print the median ratio (0: one run each, "
+        "every floor first)",
     )
     args = ap.parse_args()
     if args.quick:
@@ -444,6 +557,17 @@ def main() -> int:
             "redis": f"redis://127.0.0.1:{redis_port}/0",
             "postgres": pg_url,
         }
+        if args.vs_floor and args.rounds:
+            print(
+                f"\nloopstop vs floor, interleaved: {args.workers} gunicorn workers, wrk "
+                f"-t{args.threads} -c{args.connections} -d{args.duration}s, {args.rounds} rounds, "
+                f"{os.cpu_count()} cores, load average {load_at_start[0]:.2f} at the start\n",
+                flush=True,
+            )
+            urls = {name: url for name, url in store_urls.items() if name in chosen}
+            vs_floor_rounds(args, scenarios, urls, upstream, env, client)
+            print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+            return 0
         targets: list[tuple[str, str | None]] = [] if args.vs_floor else [("bare", None)]
         targets += [
             (f"floor {name}", f"sqlite:///{tmp}/floor.db" if name == "sqlite" else url)
@@ -485,26 +609,7 @@ def main() -> int:
             try:
                 warm_up(base, args, {**env, "BENCH_RUN": f"warm{name}"})
                 for scenario in scenarios:
-                    extra = {"BENCH_RUN": f"{name}{scenario[:3]}"}
-                    if scenario.startswith(("tool", "model")):
-                        extra["BENCH_TASKS"] = make_tasks(base, 2 * args.connections)
-                        extra["BENCH_THREADS"] = str(args.threads)
-                    (decided0, trips0, conflicts0), calls0 = store_counts(base), redis_calls(client)
-                    figures = wrk(base, scenario, args, {**env, **extra})
-                    if name in ("redis", "postgres"):
-                        time.sleep(1)  # let the requests wrk left in flight finish
-                        decided, trips, conflicts = store_counts(base)
-                        n = decided - decided0
-                        if n <= 0:
-                            raise RuntimeError(
-                                f"{name} {scenario}: the sidecar counted no decision "
-                                f"(wrk: {figures['requests']} requests, "
-                                f"{figures['errors']} errors, {figures['non_2xx']} non-2xx)"
-                            )
-                        figures["round_trips"] = (trips - trips0) / n
-                        figures["conflicts"] = (conflicts - conflicts0) / n
-                    if name == "redis":
-                        figures["commands"] = (redis_calls(client) - calls0) / n
+                    figures = measure_sidecar(name, base, scenario, args, env, client)
                     figures["ratio"] = (
                         figures["per_s"] / baseline[scenario]["per_s"] if baseline else math.nan
                     )
