@@ -3,7 +3,12 @@ terminal reasons the API tests reached (``REACHED``)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from flask import Flask
 
 from conftest import Api
 
@@ -37,3 +42,21 @@ class Agent:
 
     def result(self, call: dict[str, Any], status: str = "ok", **kw: Any) -> dict[str, Any]:
         return self.post(f"/tool-calls/{call['call_id']}/result", {"status": status, **kw})
+
+
+def admit_at_once(apps: Sequence[Flask], base: str, n: int) -> list[str]:
+    """``n`` read calls of the task at ``base`` sent at once (a barrier), through
+    ``apps`` in turn; their decisions."""
+    barrier = threading.Barrier(n)
+
+    def admit(i: int) -> str:
+        client = Api(apps[i % len(apps)].test_client())
+        barrier.wait()
+        status, out = client.post(
+            f"{base}/tool-calls", {"tool": "search", "kind": "read", "args": {"q": i}}
+        )
+        assert status == 200, out
+        return str(out["decision"])
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(admit, range(n)))

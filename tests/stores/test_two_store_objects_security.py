@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from task_agent import Agent
+from task_agent import Agent, admit_at_once
 
 from conftest import ADMIN_TOKEN, Api, AppFactory, Clock
 
@@ -87,19 +87,7 @@ def test_budget_across_two_workers(make_app: AppFactory) -> None:
     b_agent.id, b_agent.base = agent.id, agent.base
     assert b_agent.call("search", {"q": "b"})["decision"] == "execute"
     assert agent.call("search", {"q": "c"})["decision"] == "execute"
-    barrier = threading.Barrier(32)
-
-    def admit(i: int) -> str:
-        client = Api((a, b)[i % 2].test_client())
-        barrier.wait()
-        status, out = client.post(
-            f"{agent.base}/tool-calls", {"tool": "search", "kind": "read", "args": {"q": i}}
-        )
-        assert status == 200, out
-        return str(out["decision"])
-
-    with ThreadPoolExecutor(32) as pool:
-        decisions = list(pool.map(admit, range(32)))
+    decisions = admit_at_once((a, b), agent.base, 32)
     assert decisions.count("execute") == 4, decisions
     task = api_a.get(agent.base)[1]
     assert task["task"]["used"]["tool_calls"] == 7

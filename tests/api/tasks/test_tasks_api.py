@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from task_agent import REACHED, Agent
+from task_agent import REACHED, Agent, admit_at_once
 
 from conftest import ADMIN_TOKEN, SCOPED_TOKEN, TESTS, Api, AppFactory, Clock
 from sidecar.core.tasks import EndReason
@@ -588,25 +588,10 @@ def test_every_terminal_reason_is_reached_through_http() -> None:
 @pytest.mark.all_stores  # a race on the store
 def test_concurrent_admissions_never_overshoot_the_budget(make_app: AppFactory) -> None:
     """The budget is consumed when a call is admitted, not when its result comes."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     app = make_app()
     api = Api(app.test_client())
     a = Agent(api, token=ADMIN_TOKEN, limits={"max_tool_calls": 5, "max_same_call": 100})
-    barrier = threading.Barrier(32)
-
-    def admit(i: int) -> str:
-        client = Api(app.test_client())
-        barrier.wait()
-        status, out = client.post(
-            f"{a.base}/tool-calls", {"tool": "search", "kind": "read", "args": {"q": i}}
-        )
-        assert status == 200, out
-        return str(out["decision"])
-
-    with ThreadPoolExecutor(32) as pool:
-        decisions = list(pool.map(admit, range(32)))
+    decisions = admit_at_once((app,), a.base, 32)
     assert decisions.count("execute") == 5 and decisions.count("deny") == 27
     task = api.get(a.base)[1]
     assert task["task"]["used"]["tool_calls"] == 5
