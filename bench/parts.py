@@ -322,7 +322,7 @@ def _sidecar(url: str, tmp: Any) -> tuple[Any, Callable[[int], list[str]]]:
     import logging
     import os
 
-    from run import SECRET, TOKEN
+    from run import SECRET, TASK_LIMITS, TOKEN
 
     from sidecar.app import create_app
 
@@ -350,14 +350,7 @@ def _sidecar(url: str, tmp: Any) -> tuple[Any, Callable[[int], list[str]]]:
     client = app.test_client()
 
     def make_tasks(n: int) -> list[str]:
-        limits = {
-            "max_tool_calls": 1_000_000,
-            "max_same_call": 1_000_000,
-            "max_idle": 1_000_000,
-            "max_model_calls": 1_000_000,
-            "max_tokens": 1_000_000_000,
-            "deadline_s": 31_000_000,
-        }
+        limits = TASK_LIMITS
         ids = []
         for _ in range(n):
             r = client.post(

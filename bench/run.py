@@ -280,6 +280,24 @@ def warm_up(base: str, args: argparse.Namespace, env: dict[str, str]) -> None:
     wrk(base, "activation", argparse.Namespace(**{**vars(args), "duration": 1}), env)
 
 
+#: A bench task's limits: high enough that no run ends a task.
+TASK_LIMITS = {
+    "max_tool_calls": 1_000_000,
+    "max_same_call": 1_000_000,
+    "max_idle": 1_000_000,
+    "max_model_calls": 1_000_000,
+    "max_tokens": 1_000_000_000,
+    "deadline_s": 31_000_000,
+}
+
+
+def per_decision(f: dict[str, Any]) -> tuple[str, str]:
+    """A run's round trips and commands per decision, as printed ("": not counted)."""
+    rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
+    cmds = f"{f['commands']:.2f}" if "commands" in f else ""
+    return rtt, cmds
+
+
 def make_tasks(base: str, n: int) -> str:
     ids = []
     for _ in range(n):
@@ -288,14 +306,7 @@ def make_tasks(base: str, n: int) -> str:
             headers={"Authorization": f"Bearer {TOKEN}"},
             json={
                 "workflow": "bench",
-                "limits": {
-                    "max_tool_calls": 1_000_000,
-                    "max_same_call": 1_000_000,
-                    "max_idle": 1_000_000,
-                    "max_model_calls": 1_000_000,
-                    "max_tokens": 1_000_000_000,
-                    "deadline_s": 31_000_000,
-                },
+                "limits": TASK_LIMITS,
             },
             timeout=10,
         )
@@ -375,8 +386,7 @@ def print_vs_floor(
     )
     for name, scenario, f in rows:
         floor = bases[f"floor {name}"][scenario]
-        rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
-        cmds = f"{f['commands']:.2f}" if "commands" in f else ""
+        rtt, cmds = per_decision(f)
         print(
             f"{name:<10} {scenario:<18} {floor['per_s']:>9.0f} {floor['p99_ms']:>10.2f} "
             f"{f['per_s']:>11.0f} {f['p99_ms']:>8.2f} {f['vs_floor']:>9.2f} {rtt:>8} "
@@ -471,8 +481,7 @@ def vs_floor_rounds(
                 median = statistics.median(ratios)
                 mid = sorted(sidecars, key=lambda f: f["per_s"])[len(sidecars) // 2]
                 floor_mid = sorted(floors, key=lambda f: f["per_s"])[len(floors) // 2]
-                rtt = f"{mid['round_trips']:.2f}" if "round_trips" in mid else ""
-                cmds = f"{mid['commands']:.2f}" if "commands" in mid else ""
+                rtt, cmds = per_decision(mid)
                 failed = sum(f["errors"] + f["non_2xx"] for f in sidecars + floors)
                 each = " ".join(f"{x:.2f}" for x in ratios)
                 print(
@@ -661,15 +670,14 @@ def main() -> int:
     for label, by_scenario in bases.items():
         for scenario, f in by_scenario.items():
             ratio = f["per_s"] / baseline[scenario]["per_s"] if baseline else math.nan
-            cmds = f"{f['commands']:.2f}" if "commands" in f else ""
+            _, cmds = per_decision(f)
             print(
                 f"{label:<14} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
                 f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {ratio:>8.2f} {'':>8} {'':>8} "
                 f"{cmds:>8} {f['errors'] + f['non_2xx']:>8}"
             )
     for name, scenario, f in rows:
-        rtt = f"{f['round_trips']:.2f}" if "round_trips" in f else ""
-        cmds = f"{f['commands']:.2f}" if "commands" in f else ""
+        rtt, cmds = per_decision(f)
         print(
             f"{name:<14} {scenario:<18} {f['per_s']:>11.0f} {f['p50_ms']:>8.2f} "
             f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} "
