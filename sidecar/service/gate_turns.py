@@ -146,7 +146,7 @@ def find_task(
     allow_untracked: bool,
     turn: Turn,
     lines: TaskLines,
-    known: KnownTasks | None = None,
+    known: KnownTasks,
 ) -> Task | None:
     """The task the lines name (created by key when new), or None when untracked.
 
@@ -156,7 +156,6 @@ def find_task(
     :raises MalformedRequest: no task named and untracked requests are not allowed.
     :raises NotFound: the ``loopstop-task`` line names no task.
     """
-    known = known if known is not None else KnownTasks()
     if lines.task_id is not None:
         ns = known.namespace(lines.task_id)
         if ns is None:
