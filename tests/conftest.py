@@ -95,7 +95,7 @@ def redis_server_binary() -> str:
     if not found:
         pytest.fail(
             "redis-server is not installed: the Redis conformance tests need it "
-            "(scripts/test.sh installs it; or set LOOPSTOP_TEST_REDIS_SERVER)"
+            "(scripts/test installs it; or set LOOPSTOP_TEST_REDIS_SERVER)"
         )
     return found
 

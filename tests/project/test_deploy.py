@@ -40,6 +40,7 @@ def test_compose_n8n_has_the_node_and_the_same_token() -> None:
     assert '"type": "loopStopApi"' in script and "publish:workflow --id=lsExSelfCall0001" in script
 
 
+@pytest.mark.slow  # builds and starts the Compose stack where a Docker engine runs
 def test_compose_brings_up_a_guarded_flow() -> None:
     """Where a Docker engine runs: build, start, import, and the self-call loop ends
     (four activations proceed, the fifth is dropped at the chain's depth) and the
