@@ -20,6 +20,7 @@ from flask import Flask, Request, Response, g, request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
+from sidecar.api.body import current_request
 from sidecar.api.decisions import auth_failure, label_values
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable, check_host, check_origin, presented_token
@@ -134,7 +135,7 @@ def create_app(
     task_service = TaskService(store, fingerprinter, settings, ops, check_service, clock, metrics)
     chain_service = ChainService(store, fingerprinter, settings.chains, clock)
 
-    app = Flask("sidecar")
+    app = _App("sidecar")
     app.session_interface = _PageSessions()
     # The body limit is enforced by sidecar.api.body for Content-Length and
     # chunked bodies alike (werkzeug's own limit truncates chunked bodies).
@@ -185,13 +186,6 @@ def create_app(
         sessions=SessionRevocations(store, fingerprinter, clock),
     )
 
-    @app.before_request
-    def _start() -> None:
-        scope = g._get_current_object()  # one proxy look-up, not one per attribute
-        scope.started = time.perf_counter()
-        incoming = _current().headers.get("X-Request-Id", "")
-        scope.request_id = incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex
-
     @app.after_request
     def _stamp(resp: Response) -> Response:
         headers = resp.headers
@@ -206,7 +200,7 @@ def create_app(
             headers.add("Cache-Control", "no-store")
         if "x-content-type-options" not in names:
             headers.add("X-Content-Type-Options", "nosniff")
-        if _current().path.startswith("/ui"):
+        if current_request().path.startswith("/ui"):
             # No page of another site may frame the operator page (clickjacking).
             headers["X-Frame-Options"] = "DENY"
             headers["Content-Security-Policy"] = UI_CSP
@@ -214,7 +208,14 @@ def create_app(
 
     @app.before_request
     def _authenticate() -> None:
-        req = _current()
+        """Stamp the request (its start, its id), then check its host, origin,
+        content type and token (one hook: Flask runs each hook through a call
+        of its own)."""
+        scope = g._get_current_object()  # one proxy look-up, not one per attribute
+        scope.started = time.perf_counter()
+        req = current_request()
+        incoming = req.environ.get("HTTP_X_REQUEST_ID", "")
+        scope.request_id = incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex
         path = req.path
         api = path == "/v1" or path.startswith("/v1/")
         try:
@@ -228,7 +229,7 @@ def create_app(
             if api:
                 # The gate's routes read the token where their API's client puts its key.
                 sources = model_gate.token_sources(path)
-                g.principal = tokens.authenticate_token(
+                scope.principal = tokens.authenticate_token(
                     # werkzeug's headers look a name up case-insensitively: no copy.
                     presented_token(cast("Mapping[str, str]", req.headers), req.args, sources),
                     req.remote_addr,
@@ -274,12 +275,6 @@ def _bound_port() -> int | None:
     return int(name[1]) if isinstance(name, tuple) and len(name) >= 2 else None
 
 
-def _current() -> Request:
-    """The request itself, not its proxy (each attribute read through
-    ``flask.request`` looks the context up again)."""
-    return cast(Request, request._get_current_object())  # type: ignore[attr-defined]
-
-
 def _refuse_web_pages(req: Request, api: bool) -> None:
     """What no web page may do (DESIGN "HTTP conventions"): send a state-changing
     ``/v1`` request a form or a simple ``fetch`` can send (415), or act from
@@ -308,6 +303,35 @@ def _render_extra(name: str, value: Any) -> Any:
     if isinstance(value, Operation):
         return OperationView.of(value, g.get("ns", "p")).model_dump(mode="json")
     return value
+
+
+#: The most functions :class:`_App` remembers the check of (a bound, should a
+#: caller pass a new closure per request).
+_SYNCED_MAX = 1024
+
+
+class _App(Flask):
+    """Flask, with each view and hook's sync-or-async check made once per function.
+
+    Flask asks :func:`inspect.iscoroutinefunction` of every hook and view on
+    every request (:meth:`Flask.ensure_sync`, which Flask documents as the
+    method to override); the answer never changes for a function.
+    """
+
+    def __init__(self, import_name: str) -> None:
+        super().__init__(import_name)
+        self._synced: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+    def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        try:
+            return self._synced[func]
+        except KeyError:
+            synced = super().ensure_sync(func)
+            if len(self._synced) < _SYNCED_MAX:  # hooks and views: a few dozen
+                self._synced[func] = synced
+            return synced
+        except TypeError:  # an unhashable callable: asked afresh each time
+            return super().ensure_sync(func)
 
 
 class _PageSessions(SecureCookieSessionInterface):

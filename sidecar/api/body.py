@@ -19,9 +19,9 @@ import json
 import math
 import sys
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from flask import current_app, request
+from flask import Request, current_app, request
 from pydantic import BaseModel, ValidationError
 
 from sidecar.errors import (
@@ -81,17 +81,28 @@ def read_raw_body(limit: int) -> bytes:
 
     :raises PayloadTooLarge: the declared or actual length exceeds ``limit``.
     """
-    cached = request.environ.get("loopstop.body")
+    return _read_raw_body(current_request(), limit)
+
+
+def current_request() -> Request:
+    """The request itself, not its proxy (each attribute read through
+    ``flask.request`` looks the context up again)."""
+    return cast(Request, request._get_current_object())  # type: ignore[attr-defined]
+
+
+def _read_raw_body(req: Request, limit: int) -> bytes:
+    environ = req.environ
+    cached = environ.get("loopstop.body")
     if isinstance(cached, bytes):
         return cached
-    declared = request.content_length
+    declared = req.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"the body exceeds {limit} bytes")
-    raw = request.stream.read(limit + 1)
+    raw = req.stream.read(limit + 1)
     if len(raw) > limit:
         raise PayloadTooLarge(f"the body exceeds {limit} bytes")
-    request.environ["loopstop.body"] = raw
-    done = request.environ.get("loopstop.request_read")
+    environ["loopstop.body"] = raw
+    done = environ.get("loopstop.request_read")
     if callable(done):
         done()  # the whole request has arrived: its read deadline no longer applies
     return raw
@@ -102,12 +113,14 @@ def read_json_object() -> dict[str, Any]:
 
     :raises UnsupportedMediaType, PayloadTooLarge, MalformedRequest, ValidationFailed:
     """
-    raw = read_raw_body(current_app.config["LOOPSTOP_MAX_BODY_BYTES"])
+    req = current_request()
+    raw = _read_raw_body(req, current_app.config["LOOPSTOP_MAX_BODY_BYTES"])
     if not raw.strip():
         return {}
-    if not _is_json_type(request.mimetype):
+    mimetype = req.mimetype
+    if not _is_json_type(mimetype):
         raise UnsupportedMediaType(
-            f"send the body as application/json (got {request.mimetype or 'no content type'!r})"
+            f"send the body as application/json (got {mimetype or 'no content type'!r})"
         )
     try:
         data = json.loads(

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictInt
 
+from sidecar.api.answer import built
 from sidecar.core.executions import EXECUTION_ID_PATTERN
 from sidecar.core.operations import (
     BeginDecision,
@@ -245,13 +246,14 @@ class OperationView(BaseModel):
 
     @classmethod
     def of(cls, op: Operation, ns: str) -> OperationView:
-        """The view of a stored record: built without validation (``model_construct``),
+        """The view of a stored record: built without validation (:func:`built`),
         as every field already has its type (the record's own, read by its mapper)."""
 
         def stamped(d: dict[str, Any] | None) -> dict[str, Any] | None:
             return None if d is None else {**d, "at": rfc3339(d.get("at"))}
 
-        return cls.model_construct(
+        return built(
+            cls,
             operation_id=op.operation_id,
             state=op.state,
             attempt=op.attempt,
@@ -279,7 +281,8 @@ class BeginResponse(BaseModel):
     @classmethod
     def of(cls, outcome: BeginOutcome, ns: str) -> BeginResponse:
         op = outcome.operation
-        return cls.model_construct(
+        return built(
+            cls,
             decision=outcome.decision,
             reason=outcome.reason,
             operation=None if op is None else OperationView.of(op, ns),
