@@ -112,27 +112,20 @@ def script_call(
         else:
             writes.append([at, first_value + len(values), ttl_ms(write.ttl_s)])
             values.append(data[key])
-    index_keys: list[str] = []
+    ipos: dict[str, int] = {}  # index key -> its position among the indexes
     index_ops: list[list[Any]] = []
-    trims: list[list[Any]] = []
-    if plan.index or plan.trims:
-        index_keys = list(
-            dict.fromkeys([*(e.index for e in plan.index), *(name for name, _ in plan.trims)])
-        )
-        ipos = {k: i for i, k in enumerate(index_keys, 1)}
-        index_ops = [
-            [ipos[e.index], e.member, None if e.score is None else repr(float(e.score))]
-            for e in plan.index
-        ]
-        trims = [[ipos[name], repr(float(below))] for name, below in plan.trims]
-    first = len(doc_keys) + len(index_keys) + 1  # KEYS position of the first increment
+    for e in plan.index:
+        at = ipos.setdefault(e.index, len(ipos) + 1)
+        index_ops.append([at, e.member, None if e.score is None else repr(float(e.score))])
+    trims = [
+        [ipos.setdefault(name, len(ipos) + 1), repr(float(below))] for name, below in plan.trims
+    ]
+    first = len(doc_keys) + len(ipos) + 1  # KEYS position of the first increment
     increments = [
         [first + i, inc.field, inc.delta, ttl_ms(inc.ttl_s)]
         for i, inc in enumerate(plan.increments.values())
     ]
-    keys = [(prefix + k).encode() for k in doc_keys]
-    keys += [(prefix + k).encode() for k in index_keys]
-    keys += [(prefix + k).encode() for k in plan.increments]
+    keys = [(prefix + k).encode() for k in (*doc_keys, *ipos, *plan.increments)]
     args = [b"%d" % len(doc_keys)]
     args += [(raw[k] or "").encode() for k in doc_keys]
     args.append(_plan_json({"w": writes, "x": index_ops, "t": trims, "i": increments}))
