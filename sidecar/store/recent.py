@@ -14,6 +14,8 @@ from sidecar.store.base import META_ID, Plan
 #: Keys and characters of documents :class:`RecentValues` keeps per store object.
 RECENT_KEYS = 4096
 RECENT_CHARS = 16_000_000
+#: The longest document kept (characters): a larger one is read again next time.
+_LARGEST = RECENT_CHARS // 16
 
 
 class RecentValues:
@@ -33,32 +35,55 @@ class RecentValues:
 
     def recall(self, keys: list[str]) -> dict[str, str | None] | None:
         """The values last seen under every key of ``keys``; None unless all are known."""
+        values = self._values
         with self._lock:
-            if not all(k in self._values for k in keys):
+            try:
+                found = {k: values[k] for k in keys}
+            except KeyError:
                 return None
             for k in keys:
-                self._values.move_to_end(k)
-            return {k: self._values[k] for k in keys}
+                values.move_to_end(k)
+            return found
 
     def remember(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        """Keep ``pairs`` (key, raw text or None: absent) as the values last seen."""
         with self._lock:
+            self._remember(pairs)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop what is known of ``keys``."""
+        with self._lock:
+            self._forget(keys)
+
+    def _remember(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        values = self._values
+        chars = self._chars
+        try:
             for key, value in pairs:
                 if key == META_ID:
                     continue
-                old = self._values.pop(key, None)
-                self._chars -= len(old or "")
-                if value is not None and len(value) > RECENT_CHARS // 16:
-                    continue  # too large to keep: read it again next time
-                self._values[key] = value
-                self._chars += len(value or "")
-            while len(self._values) > RECENT_KEYS or self._chars > RECENT_CHARS:
-                _, dropped = self._values.popitem(last=False)
-                self._chars -= len(dropped or "")
+                old = values.pop(key, None)
+                if old is not None:
+                    chars -= len(old)
+                if value is None:
+                    values[key] = None
+                elif len(value) <= _LARGEST:
+                    values[key] = value
+                    chars += len(value)
+                # else too large to keep: read it again next time
+            while len(values) > RECENT_KEYS or chars > RECENT_CHARS:
+                _, dropped = values.popitem(last=False)
+                if dropped is not None:
+                    chars -= len(dropped)
+        finally:
+            self._chars = chars
 
-    def forget(self, keys: Iterable[str]) -> None:
-        with self._lock:
-            for key in keys:
-                self._chars -= len(self._values.pop(key, None) or "")
+    def _forget(self, keys: Iterable[str]) -> None:
+        values = self._values
+        for key in keys:
+            old = values.pop(key, None)
+            if old is not None:
+                self._chars -= len(old)
 
     def after(
         self,
@@ -72,9 +97,14 @@ class RecentValues:
         those the plan left unchecked included: a guess compares them), else
         the values it answered. The counters it incremented are forgotten
         (their new text is the script's)."""
-        self.forget(plan.increments)
+        increments = plan.increments
         if current is not None:
-            self.remember(current.items())
-            return
-        kept = ((k, v) for k, v in raw.items() if k not in written and k not in plan.increments)
-        self.remember([*kept, *written.items()])
+            pairs: Iterable[tuple[str, str | None]] = current.items()
+        else:
+            kept = [(k, v) for k, v in raw.items() if k not in written and k not in increments]
+            kept += written.items()
+            pairs = kept
+        with self._lock:
+            if increments:
+                self._forget(increments)
+            self._remember(pairs)

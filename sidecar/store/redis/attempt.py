@@ -3,7 +3,7 @@ plan the function decided on it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, cast
 
 import redis
@@ -22,12 +22,9 @@ class Source(Protocol):
 
     identity: str | None
     client: redis.Redis
+    prefix: str
     events: StoreEvents
     recent: RecentValues
-
-    def key(self, key: str) -> str:
-        """The Redis key of a logical key (the prefix added)."""
-        ...
 
     def _verify_identity(self, found: str | None) -> None: ...
 
@@ -78,7 +75,7 @@ class Reads:
         self._identity_pending = store.identity is not None and seed is None
         if seed is not None:
             self.snapshots = 0 if guessing else 1
-            self._keep(list(seed), list(seed.values()))
+            self._keep(seed.keys(), seed.values())
             if store.identity is not None and META_ID not in self.raw:
                 self.raw[META_ID] = store.identity
 
@@ -87,11 +84,12 @@ class Reads:
         if self.store.identity is not None and self.raw.get(META_ID) != self.store.identity:
             self.store._verify_identity(self.raw.get(META_ID))
 
-    def _keep(self, keys: list[str], values: list[str | None]) -> None:
+    def _keep(self, keys: Iterable[str], values: Iterable[str | None]) -> None:
+        raw, docs = self.raw, self.docs
         for k, v in zip(keys, values, strict=True):
-            self.raw[k] = v
+            raw[k] = v
             if k != META_ID:
-                self.docs[k] = None if v is None else decode_doc(k, v)
+                docs[k] = None if v is None else decode_doc(k, v)
 
     def load(self, keys: list[str]) -> None:
         fresh = [k for k in keys if k not in self.raw]
@@ -107,7 +105,8 @@ class Reads:
         self.snapshots += 1
         store = self.store
         store.events.round_trip()
-        values = cast(list[str | None], store.client.mget([store.key(k) for k in fresh]))
+        prefix = store.prefix
+        values = cast(list[str | None], store.client.mget([prefix + k for k in fresh]))
         for i, value in enumerate(values):
             if value is not None and len(value) >= _LARGE:
                 # This process's own text, unchanged since it wrote it: read

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from sidecar.store.plan import Plan, written_text
+from sidecar.store.plan import Doc, Plan, WrittenText, written_text
 
 #: The script's text, registered once per store object.
 CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
@@ -29,14 +29,25 @@ def ttl_ms(ttl_s: float | None) -> str:
     return str(min(ms, MAX_TTL_MS))
 
 
-def _plan_json(plan: dict[str, Any]) -> bytes | str:
-    """The plan argument's JSON (orjson; :func:`json.dumps` for a member
+def _plan_json(plan: dict[str, Any]) -> bytes:
+    """The plan argument's JSON, UTF-8 (orjson; :func:`json.dumps` for a member
     name orjson refuses, a lone surrogate): the script's ``cjson`` reads
     either the same."""
     try:
         return orjson.dumps(plan)
     except TypeError:
-        return json.dumps(plan, separators=(",", ":"))
+        return json.dumps(plan, separators=(",", ":")).encode()
+
+
+def _written(doc: Doc) -> tuple[str, bytes]:
+    """:func:`~sidecar.store.plan.written_text` of ``doc`` and its UTF-8 bytes
+    (what is sent: orjson's own output when orjson wrote it, not encoded again)."""
+    try:
+        data = orjson.dumps(doc)
+    except TypeError:
+        text = json.dumps(doc, separators=(",", ":"))
+        return text, text.encode()
+    return WrittenText(data, "utf-8"), data
 
 
 def serialized(plan: Plan[Any]) -> dict[str, str | None]:
@@ -49,7 +60,8 @@ def serialized(plan: Plan[Any]) -> dict[str, str | None]:
 
 @dataclass(frozen=True)
 class ScriptCall:
-    """One run of ``cas.lua``.
+    """One run of ``cas.lua``, its keys and arguments already UTF-8 (as
+    redis-py would encode them: it sends bytes as they are).
 
     :ivar doc_keys: the compared documents' logical keys, in ``KEYS`` order.
     :ivar keys: every ``KEYS[i]`` (prefixed).
@@ -58,8 +70,8 @@ class ScriptCall:
     """
 
     doc_keys: list[str]
-    keys: list[str]
-    args: list[Any]
+    keys: list[bytes]
+    args: list[bytes]
     texts: dict[str, str | None]
 
 
@@ -75,41 +87,47 @@ def script_call(
         applied safely (:meth:`Plan.check`).
     """
     plan.check()
-    doc_keys = list(raw) if compare_unchecked else [k for k in raw if k not in plan.unchecked]
-    position = {k: i + 1 for i, k in enumerate(doc_keys)}
-    texts = serialized(plan)
-    writes = []
-    values: list[str] = []  # ARGV after the plan: the new documents
+    unchecked = plan.unchecked
+    if compare_unchecked or not unchecked:
+        doc_keys = list(raw)
+    else:
+        doc_keys = [k for k in raw if k not in unchecked]
+    texts: dict[str, str | None] = {}
+    data: dict[str, bytes] = {}
+    for key, write in plan.writes.items():
+        if write.doc is None:
+            texts[key] = None
+        else:
+            texts[key], data[key] = _written(write.doc)
+    position = {k: i for i, k in enumerate(doc_keys, 1)}
+    writes: list[list[Any]] = []
+    values: list[bytes] = []  # ARGV after the plan: the new documents
     first_value = len(doc_keys) + 3  # ARGV position of the first of them
     for key, write in plan.writes.items():
-        if key not in position:
+        at = position.get(key)
+        if at is None:
             raise RuntimeError(f"transaction wrote {key!r} without reading it")
-        value = texts[key]
-        if value is None:
-            writes.append([position[key], None, ttl_ms(write.ttl_s)])
+        if write.doc is None:
+            writes.append([at, None, ttl_ms(write.ttl_s)])
         else:
-            writes.append([position[key], first_value + len(values), ttl_ms(write.ttl_s)])
-            values.append(value)
-    index_keys = list(
-        dict.fromkeys([*(e.index for e in plan.index), *(name for name, _ in plan.trims)])
-    )
-    ipos = {k: i + 1 for i, k in enumerate(index_keys)}
-    index_ops = [
-        [ipos[e.index], e.member, None if e.score is None else repr(float(e.score))]
-        for e in plan.index
+            writes.append([at, first_value + len(values), ttl_ms(write.ttl_s)])
+            values.append(data[key])
+    ipos: dict[str, int] = {}  # index key -> its position among the indexes
+    index_ops: list[list[Any]] = []
+    for e in plan.index:
+        at = ipos.setdefault(e.index, len(ipos) + 1)
+        index_ops.append([at, e.member, None if e.score is None else repr(float(e.score))])
+    trims = [
+        [ipos.setdefault(name, len(ipos) + 1), repr(float(below))] for name, below in plan.trims
     ]
-    trims = [[ipos[name], repr(float(below))] for name, below in plan.trims]
-    incr_keys = list(plan.increments)
-    first = len(doc_keys) + len(index_keys) + 1  # KEYS position of the first increment
+    first = len(doc_keys) + len(ipos) + 1  # KEYS position of the first increment
     increments = [
         [first + i, inc.field, inc.delta, ttl_ms(inc.ttl_s)]
         for i, inc in enumerate(plan.increments.values())
     ]
-    keys = [prefix + k for k in [*doc_keys, *index_keys, *incr_keys]]
-    args: list[Any] = [
-        len(doc_keys),
-        *[raw[k] or "" for k in doc_keys],
-        _plan_json({"w": writes, "x": index_ops, "t": trims, "i": increments}),
-        *values,
-    ]
+    keys = [(prefix + k).encode() for k in (*doc_keys, *ipos, *plan.increments)]
+    args = [b"%d" % len(doc_keys)]
+    args += [(raw[k] or "").encode() for k in doc_keys]
+    args.append(_plan_json({"w": writes, "x": index_ops, "t": trims, "i": increments}))
+    args += values
     return ScriptCall(doc_keys, keys, args, texts)

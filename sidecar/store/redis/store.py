@@ -266,17 +266,26 @@ class RedisStore(Store):
         text of every document the plan writes (encoded once)."""
         call = script_call(raw, plan, self.prefix, compare_unchecked=guessed)
         self.events.round_trip()
-        script_keys, script_args = call.keys, call.args
         if self.wait_replicas > 0:
-            result = self._cas_and_wait(script_keys, script_args, deadline)
+            result = self._cas_and_wait(call.keys, call.args, deadline)
         else:
-            result = self._cas(keys=script_keys, args=script_args)
+            result = self._evalsha(call.keys, call.args)
         if result == 1:
             return None, call.texts
         now = cast(list[str | None], result)[1:]
         return dict(zip(call.doc_keys, now, strict=True)), call.texts
 
-    def _cas_and_wait(self, keys: list[str], args: list[Any], deadline: float) -> Any:
+    def _evalsha(self, keys: list[bytes], args: list[bytes]) -> Any:
+        """``EVALSHA`` of ``cas.lua`` as redis-py's ``Script`` sends it, less
+        its per-call checks: on ``NOSCRIPT`` (a server that never loaded it,
+        or flushed it) the script is loaded and sent again."""
+        try:
+            return self.client.evalsha(self._cas.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            self._cas.sha = self.client.script_load(CAS)
+            return self.client.evalsha(self._cas.sha, len(keys), *keys, *args)
+
+    def _cas_and_wait(self, keys: list[bytes], args: list[bytes], deadline: float) -> Any:
         """The script and ``WAIT`` in one round trip (a pipeline).
 
         A script that wrote nothing (a conflict) makes the ``WAIT`` moot.
