@@ -5,7 +5,8 @@ The reservation is a bound of what the request can cost
 (:func:`sidecar.core.cost.worst_case`): its bytes, its output limit (the
 configured default is sent as the limit of a priced request that sets none)
 and its choices. Under a money budget a request whose cost its own bytes do
-not bound is refused, naming the field, and so is a model with no price.
+not bound is refused, naming the field, and so is a model with no price: by
+the turn's admission, which reads the task anyway (no read of its own here).
 
 A settle the store refuses (paused, failing over) is retried at once, then
 kept in the worker and applied before its next turn, oldest first: a
@@ -22,11 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig
 from sidecar.core import cost
 from sidecar.core.tasks import Task
-from sidecar.errors import NotFound, StoreUnavailable, ValidationFailed
+from sidecar.errors import NotFound, StoreUnavailable
 from sidecar.gate.wire.base import WireAdapter, input_bound
 from sidecar.service.tasks import TaskService
 
@@ -42,11 +42,19 @@ NOTE_TOKENS = 256
 @dataclass(frozen=True)
 class Reservation:
     """A turn's request as it will be forwarded, its model's price (None:
-    unpriced) and the money it reserves (None: nothing)."""
+    unpriced) and the money it reserves (None: nothing).
+
+    :ivar unbudgeted: what a task with a money budget refuses the turn with
+        (a ``ValidationFailed`` entry: the model has no price, or the request
+        does not bound its cost); None when the turn fits any budget. The
+        turn's admission applies it (:meth:`TaskService.model_call`), with the
+        task it reads anyway.
+    """
 
     body: dict[str, Any]
     price: cost.Price | None = None
     amount: float | None = None
+    unbudgeted: Mapping[str, Any] | None = None
 
 
 class GateMoney:
@@ -64,37 +72,25 @@ class GateMoney:
         self._kept: deque[Callable[[], object]] = deque(maxlen=SETTLES_KEPT)
         self._lock = threading.Lock()
 
-    def reserve(
-        self,
-        adapter: WireAdapter,
-        principal: Principal,
-        where: tuple[str, str],
-        body: dict[str, Any],
-        model: str,
-        task: Task | None,
-    ) -> Reservation:
-        """The turn's :class:`Reservation`; ``where`` is the task's ``(ns, task_id)``.
-
-        :raises ValidationFailed: the task has a money budget and the model has no
-            price (``body.model``), or the request's cost is not bounded by the
-            request (the field: ``previous_response_id``, a media part, a hosted tool).
-        """
+    def reserve(self, adapter: WireAdapter, body: dict[str, Any], model: str) -> Reservation:
+        """The turn's :class:`Reservation` (no store read: a task with a money
+        budget refuses an unpriced or unbounded turn at its admission, through
+        :attr:`Reservation.unbudgeted`)."""
         found = self.config.prices.get(model)
         spend = adapter.spend(body)
+        unbudgeted = None
         if found is None or spend.unbounded is not None:
-            if task is None:
-                task = self.tasks.get(principal, *where)
-            if task.envelope is None and task.limits.max_cost is not None:
-                raise ValidationFailed([_refusal(model, found is None, spend.unbounded)])
+            unbudgeted = _refusal(model, found is None, spend.unbounded)
         if found is None:
-            return Reservation(body)
+            return Reservation(body, unbudgeted=unbudgeted)
         price = cost.Price(found.input_per_mtok, found.output_per_mtok)
         limit = adapter.max_output_tokens(body)
         if limit is None:
             limit = self.config.max_output_tokens
             body = adapter.with_output_limit(body, limit)
         sent = input_bound(adapter.forward_payload(body, model)) + NOTE_TOKENS
-        return Reservation(body, price, cost.worst_case(price, sent, limit, spend.choices))
+        amount = cost.worst_case(price, sent, limit, spend.choices)
+        return Reservation(body, price, amount, unbudgeted)
 
     def settle(self, apply: Callable[[], Task]) -> Task | None:
         """``apply`` a turn's settle, retried while the store refuses it; kept

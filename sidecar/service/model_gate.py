@@ -267,7 +267,7 @@ class ModelGate:
         if self.writes.tools:  # the kept exchanges count in the turn's cost bound
             task = task if task is not None else self.tasks.get(principal, ns, task_id)
             body = turn.body = self.writes.splice(adapter, body, task)
-        held = self.money.reserve(adapter, principal, (ns, task_id), body, model, task)
+        held = self.money.reserve(adapter, body, model)
         body = turn.body = held.body
         turn.price, reserve = held.price, held.amount
         task, outcome = self.tasks.model_call(
@@ -277,6 +277,7 @@ class ModelGate:
             None,
             reserve_cost=reserve,
             execution_id=lines.execution,
+            unbudgeted=held.unbudgeted,
         )
         turn.reserved = (reserve or 0.0) if outcome.admitted else 0.0
         if not outcome.admitted:
@@ -306,8 +307,7 @@ class ModelGate:
             turn.received,
         )
         nxt.ns, nxt.task_id = turn.ns, turn.task_id
-        where = (turn.ns, turn.task_id)
-        held = self.money.reserve(turn.adapter, turn.principal, where, body, turn.model, None)
+        held = self.money.reserve(turn.adapter, body, turn.model)
         body = nxt.body = held.body
         nxt.price, reserve = held.price, held.amount
         task, outcome = self.tasks.model_call(
@@ -317,6 +317,7 @@ class ModelGate:
             None,
             reserve_cost=reserve,
             execution_id=turn.record.execution,
+            unbudgeted=held.unbudgeted,
         )
         if not outcome.admitted:
             return None, final_message(task), body

@@ -250,15 +250,22 @@ class TaskService:
         tokens_used: int | None,
         reserve_cost: float | None = None,
         execution_id: str | None = None,
+        unbudgeted: Mapping[str, Any] | None = None,
     ) -> tuple[Task, ModelOutcome]:
         """Reserve a model turn (the model gate calls this too).
 
         :param reserve_cost: the turn's worst-case cost, held until
             :meth:`settle_model_call`.
         :param execution_id: the n8n execution asking (remembered for a task stop).
+        :param unbudgeted: the refusal of a turn whose cost no money budget can
+            bound (an unpriced model, an unbounded request): raised when the
+            task has a money budget and has not ended (DESIGN §3 ``max_cost``).
+        :raises ValidationFailed: ``unbudgeted``, under a money budget.
         """
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ModelOutcome]]:
+            if unbudgeted is not None and core.money_bound_required(task):
+                raise ValidationFailed([unbudgeted])
             self._remember(ns, task)
             exceeded = self.watch.exceeded(txn, ns, task, tokens_used or 0)
             stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)

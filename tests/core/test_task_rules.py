@@ -1275,3 +1275,10 @@ def test_another_call_under_the_id_of_a_replayed_call_is_a_new_call() -> None:
     agent.call("get", {"q": 3}, call_id="n_2")
     with pytest.raises(StateConflict):  # so does a call in flight
         agent.call("get", {"q": 4}, call_id="n_2")
+
+
+def test_only_a_running_task_with_a_money_budget_requires_a_turn_to_bound_its_cost() -> None:
+    assert not core.money_bound_required(Agent(L()).task)
+    budgeted = Agent(L(max_cost=1.0)).task
+    assert core.money_bound_required(budgeted)
+    assert not core.money_bound_required(core.stop(budgeted, NOW))

@@ -511,3 +511,11 @@ def admit_tool_call(
     if write is not None and call.operation is not None:
         require_open_room(op, call.operation, op_policy, open_count)
     return _admit(ask)
+
+
+def money_bound_required(task: Task) -> bool:
+    """True when a model turn must bound its own cost to be admitted: the task
+    has a money budget (``max_cost``) and has not ended (DESIGN §3 ``max_cost``).
+    A turn of a model with no price, or whose request does not bound what it
+    costs, is then refused before anything is reserved."""
+    return task.envelope is None and task.limits.max_cost is not None
