@@ -214,7 +214,9 @@ def create_app(
         scope = g._get_current_object()  # one proxy look-up, not one per attribute
         scope.started = time.perf_counter()
         req = current_request()
-        incoming = req.environ.get("HTTP_X_REQUEST_ID", "")
+        # A request header is its WSGI environ entry (what werkzeug's headers read).
+        environ = req.environ
+        incoming = environ.get("HTTP_X_REQUEST_ID", "")
         scope.request_id = incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex
         path = req.path
         api = path == "/v1" or path.startswith("/v1/")
@@ -222,16 +224,18 @@ def create_app(
             if tokens.open:
                 # Without tokens, every route (/metrics, /readyz too) answers loopback
                 # names only: a page on a foreign name resolving to 127.0.0.1 reads nothing.
-                check_host(req.headers.get("Host"), req.scheme, _bound_port())
+                check_host(environ.get("HTTP_HOST"), req.scheme, _bound_port())
             if not api and not path.startswith("/ui"):
                 return
             _refuse_web_pages(req, api)
             if api:
                 # The gate's routes read the token where their API's client puts its key.
                 sources = model_gate.token_sources(path)
+                # The query string is parsed only for a source that reads it.
+                query = req.args if any(s.query for s in sources) else _NO_QUERY
                 scope.principal = tokens.authenticate_token(
                     # werkzeug's headers look a name up case-insensitively: no copy.
-                    presented_token(cast("Mapping[str, str]", req.headers), req.args, sources),
+                    presented_token(cast("Mapping[str, str]", req.headers), query, sources),
                     req.remote_addr,
                     sources,
                 )
@@ -263,6 +267,8 @@ UI_CSP = (
 )
 
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: The query of a request whose token sources read none (not parsed).
+_NO_QUERY: Mapping[str, str] = {}
 
 
 def _bound_port() -> int | None:
@@ -283,8 +289,8 @@ def _refuse_web_pages(req: Request, api: bool) -> None:
 
     :raises ForeignOrigin, UnsupportedMediaType:
     """
-    headers = req.headers
-    check_origin(headers.get("Origin"), headers.get("Host"), req.scheme)
+    environ = req.environ  # a header is its environ entry, as werkzeug's headers read it
+    check_origin(environ.get("HTTP_ORIGIN"), environ.get("HTTP_HOST"), req.scheme)
     if api and req.method in _STATE_CHANGING and req.routing_exception is None:
         mimetype = req.mimetype
         if mimetype != "application/json" and not (

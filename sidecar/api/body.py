@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
@@ -143,13 +144,35 @@ def read_json_object() -> dict[str, Any]:
         raise MalformedRequest("the body nests too deeply") from exc
     except ValueError as exc:  # e.g. an integer literal past Python's digit limit
         raise MalformedRequest(f"the body is not valid JSON: {exc}") from exc
-    problem = _bad_value(data, MAX_NESTING) if _may_be_bad(data, MAX_NESTING) else None
+    suspect = not _surely_fine(raw) and _may_be_bad(data, MAX_NESTING)
+    problem = _bad_value(data, MAX_NESTING) if suspect else None
     if problem is not None:
         where, msg = problem
         raise ValidationFailed([{"loc": ["body", *where], "msg": msg}])
     if not isinstance(data, dict):
         raise ValidationFailed([{"loc": ["body"], "msg": "the body must be a JSON object"}])
     return data
+
+
+#: What text must hold for a parsed body to hold a value :func:`_bad_value`
+#: refuses: a digit before an exponent (a float may overflow to infinity), 309
+#: digits in a row (an integer past a double's range, or a float that
+#: overflows), a NaN or Infinity literal, or a ``\\u`` escape (a lone
+#: surrogate; the other way to one, raw non-ASCII bytes, is excluded apart).
+_SUSPECT = re.compile(rb"[0-9][eE]|[0-9]{309}|NaN|Infinity|\\u")
+
+
+def _surely_fine(raw: bytes) -> bool:
+    """True when the JSON text ``raw`` cannot hold a value :func:`_bad_value`
+    refuses, read off the bytes without walking the parsed value: ASCII text
+    (no lone surrogate but by an escape), no :data:`_SUSPECT` match, and no
+    more opening brackets than :data:`MAX_NESTING` (nothing nests deeper).
+    False says nothing: the value is then walked."""
+    return (
+        raw.isascii()
+        and raw.count(b"{") + raw.count(b"[") <= MAX_NESTING
+        and _SUSPECT.search(raw) is None
+    )
 
 
 def _may_be_bad(value: Any, limit: int) -> bool:
