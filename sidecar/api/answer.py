@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, TypeVar
@@ -43,7 +44,7 @@ def built(model: type[B], **fields: Any) -> B:
 
     :raises TypeError: a field is missing or unknown.
     """
-    if fields.keys() != model.model_fields.keys():
+    if fields.keys() != _field_names(model):
         raise TypeError(f"{model.__name__}: fields {sorted(fields)} are not its own")
     made = model.__new__(model)
     _set = object.__setattr__
@@ -52,3 +53,9 @@ def built(model: type[B], **fields: Any) -> B:
     _set(made, "__pydantic_extra__", None)
     _set(made, "__pydantic_private__", None)
     return made
+
+
+@functools.cache
+def _field_names(model: type[BaseModel]) -> frozenset[str]:
+    """``model``'s field names (pydantic builds its ``model_fields`` anew on each read)."""
+    return frozenset(model.model_fields)
