@@ -139,34 +139,37 @@ class TaskView(BaseModel):
 
     @classmethod
     def of(cls, task: Task, now: float) -> TaskView:
+        """The task as shown at ``now`` (one validation, its ``used`` included)."""
         u = task.used
-        return cls(
-            task_id=task.task_id,
-            task_key=task.task_key,
-            workflow=task.workflow,
-            chain_id=task.chain_id,
-            policy=task.policy,
-            attempt=task.attempt,
-            status=task.status,
-            initial_revision=task.initial_revision,
-            validated_revision=task.validated_revision,
-            activations=task.activations,
-            limits=task.limits.to_doc(),
-            used=UsedView(
-                model_calls=u.model_calls,
-                tool_calls=u.tool_calls,
-                tokens=u.tokens,
-                polls=u.polls,
-                replays=u.replays,
-                retries=u.retries,
-                idle=u.idle,
-                cost=u.cost,
-                reserved_cost=u.reserved_cost,
-                per_tool=dict(u.per_tool),
-                elapsed_s=elapsed_s(task, now),
-            ),
-            created_at=rfc3339(task.created_at) or "",
-            updated_at=rfc3339(task.updated_at) or "",
+        return cls.model_validate(
+            {
+                "task_id": task.task_id,
+                "task_key": task.task_key,
+                "workflow": task.workflow,
+                "chain_id": task.chain_id,
+                "policy": task.policy,
+                "attempt": task.attempt,
+                "status": task.status,
+                "initial_revision": task.initial_revision,
+                "validated_revision": task.validated_revision,
+                "activations": task.activations,
+                "limits": task.limits.to_doc(),
+                "used": {
+                    "model_calls": u.model_calls,
+                    "tool_calls": u.tool_calls,
+                    "tokens": u.tokens,
+                    "polls": u.polls,
+                    "replays": u.replays,
+                    "retries": u.retries,
+                    "idle": u.idle,
+                    "cost": u.cost,
+                    "reserved_cost": u.reserved_cost,
+                    "per_tool": dict(u.per_tool),
+                    "elapsed_s": elapsed_s(task, now),
+                },
+                "created_at": rfc3339(task.created_at) or "",
+                "updated_at": rfc3339(task.updated_at) or "",
+            }
         )
 
 
@@ -265,7 +268,14 @@ def render(
     :param shown: ``outlier`` and ``cancellation`` (GET and stop answers).
     """
     envelope = None if task.envelope is None else task.envelope.to_doc()
-    base: dict[str, Any] = {"task": TaskView.of(task, now), "envelope": envelope, **shown}
+    base: dict[str, Any] = {
+        "task": TaskView.of(task, now),
+        "envelope": envelope,
+        # Given, not defaulted: pydantic deep-copies a list default on every answer.
+        "gate_exchanges": [],
+        "executions": [],
+        **shown,
+    }
     if outcome is None:
         return TaskResponse(**base)
     reason = None if outcome.reason is None else str(outcome.reason)

@@ -110,7 +110,11 @@ def create() -> Response:
 
 
 def _in_task_namespace(mode: ExecutionMode, task_id: str, call: Callable[[str], _T]) -> _T:
-    """Run ``call`` in the task's namespace (:meth:`TaskService.in_namespace`)."""
+    """Run ``call`` in the task's namespace (:meth:`TaskService.in_namespace`), once
+    ``task_id`` matched its pattern (``call`` uses it as it is).
+
+    :raises ValidationFailed: ``task_id`` is not a task id.
+    """
     return runtime().tasks.in_namespace(mode, _task_id(task_id), call)
 
 
@@ -130,7 +134,7 @@ def get(task_id: str) -> Response:
     task, ns = _in_task_namespace(
         q.execution_mode,
         task_id,
-        lambda ns: (runtime().tasks.get(g.principal, ns, _task_id(task_id)), ns),
+        lambda ns: (runtime().tasks.get(g.principal, ns, task_id), ns),
     )
     return _answer(task, **_watch_fields(ns, task))
 
@@ -174,7 +178,7 @@ def model_call(task_id: str) -> Response:
         body.execution_mode,
         task_id,
         lambda ns: runtime().tasks.model_call(
-            g.principal, ns, _task_id(task_id), body.tokens_used, execution_id=body.execution_id
+            g.principal, ns, task_id, body.tokens_used, execution_id=body.execution_id
         ),
     )
     reason = None if out.reason is None else str(out.reason)
@@ -198,9 +202,7 @@ def tool_call(task_id: str) -> Response:
     task, out = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.tool_call(
-            g.principal, ns, _task_id(task_id), call, body.execution_id
-        ),
+        lambda ns: runtime().tasks.tool_call(g.principal, ns, task_id, call, body.execution_id),
     )
     reason = None if out.reason is None else str(out.reason)
     _log(
@@ -240,7 +242,7 @@ def tool_result(task_id: str, call_id: str) -> Response:
     task, out, checked = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: rt.tasks.tool_result(g.principal, ns, _task_id(task_id), call_id, res),
+        lambda ns: rt.tasks.tool_result(g.principal, ns, task_id, call_id, res),
     )
     reason = None if out.reason is None else str(out.reason)
     _log("tasks.tool_result", task, out.decision, reason, call_id=call_id, status=body.status)
@@ -264,7 +266,7 @@ def complete(task_id: str) -> Response:
         body.execution_mode,
         task_id,
         lambda ns: runtime().tasks.complete(
-            g.principal, ns, _task_id(task_id), evidence, body.check, body.input
+            g.principal, ns, task_id, evidence, body.check, body.input
         ),
     )
     reason = None if out.reason is None else str(out.reason)
@@ -288,7 +290,7 @@ def stop(task_id: str) -> Response:
     task, cancellation, ns = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: (*rt.stops.stop_task(g.principal, ns, _task_id(task_id)), ns),
+        lambda ns: (*rt.stops.stop_task(g.principal, ns, task_id), ns),
     )
     _log(
         "tasks.stop",
@@ -317,9 +319,7 @@ def resume(task_id: str) -> Response:
     task = _in_task_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.resume(
-            g.principal, ns, _task_id(task_id), body.reason, extend or None
-        ),
+        lambda ns: runtime().tasks.resume(g.principal, ns, task_id, body.reason, extend or None),
     )
     _log(
         "tasks.resume", task, LifecycleDecision.RESUMED, body.reason, extended=bool(extend) or None

@@ -29,13 +29,14 @@ commit (:meth:`Txn.increment`) and read without being compared
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.core import operations as ops_core
 from sidecar.core.chains import Chain, Effect, Link, RateLog, Seen
+from sidecar.core.frozen import evolve
 from sidecar.core.lineage import Lineage
 from sidecar.core.operations import OPEN_STATES, Operation, OperationPolicy
 from sidecar.core.outliers import Exceeded
@@ -156,7 +157,7 @@ class Tasks(Scoped[str, Task]):
 
     def acting(self, execution_id: str | None, exceeded: list[Exceeded] | None = None) -> Tasks:
         """This mapper, saving on behalf of ``execution_id`` with ``exceeded`` measures."""
-        return replace(self, execution_id=execution_id, exceeded=tuple(exceeded or ()))
+        return evolve(self, execution_id=execution_id, exceeded=tuple(exceeded or ()))
 
     def keys(self, ns: str, ident: str) -> list[str]:
         return [keys.task(ns, ident)]

@@ -62,24 +62,34 @@ class TaskWatch:
         self.retention_s = retention_s
         self.horizon_s = horizon_s
         self.metrics = metrics
+        # A workflow's totals keys, built once (every decision on a task names them).
+        self._totals_keys: dict[tuple[str, str | None], tuple[str, ...]] = {}
 
-    @staticmethod
-    def keys(ns: str, task_id: str, workflow: str | None) -> list[str]:
+    def totals_keys(self, ns: str, workflow: str | None) -> tuple[str, ...]:
+        """The keys of the workflow's totals, one per measure of :data:`TOTALS`."""
+        found = self._totals_keys.get((ns, workflow))
+        if found is None:
+            if len(self._totals_keys) > 10_000:
+                self._totals_keys.clear()
+            found = tuple(keys.task_totals(ns, workflow, m) for m in TOTALS)
+            self._totals_keys[(ns, workflow)] = found
+        return found
+
+    def keys(self, ns: str, task_id: str, workflow: str | None) -> list[str]:
         """The keys a decision on the task reads (declare them up front when known)."""
-        return [keys.task_watch(ns, task_id)] + [keys.task_totals(ns, workflow, m) for m in TOTALS]
+        return [keys.task_watch(ns, task_id), *self.totals_keys(ns, workflow)]
 
     @staticmethod
     def doc(txn: Txn, ns: str, task_id: str) -> dict[str, Any]:
         return dict(txn.doc(keys.task_watch(ns, task_id)) or {})
 
-    @staticmethod
-    def totals(txn: Txn, ns: str, workflow: str | None) -> Totals:
+    def totals(self, txn: Txn, ns: str, workflow: str | None) -> Totals:
         """The workflow's totals as read (:meth:`plan` leaves them out of the
         compare-and-set: only increments change them, and a mean one task
         older decides the same)."""
         values = {}
-        for measure in TOTALS:
-            doc = txn.doc(keys.task_totals(ns, workflow, measure))
+        for measure, key in zip(TOTALS, self.totals_keys(ns, workflow), strict=True):
+            doc = txn.doc(key)
             values[measure] = int(doc.get("n", 0)) if doc else 0
         return Totals(**values)
 
@@ -123,8 +133,7 @@ class TaskWatch:
         """Add to the transaction: the execution remembered, the outlier mark
         (once), the running index, and the totals when ``task`` has just ended."""
         watch_key = keys.task_watch(ns, task.task_id)
-        totals = [keys.task_totals(ns, task.workflow, measure) for measure in TOTALS]
-        txn.tolerate(key for key in totals if txn.has_read(key))
+        txn.tolerate([key for key in self.totals_keys(ns, task.workflow) if txn.has_read(key)])
         # Read the watch document only when something may change in it (or it was
         # declared up front): a result costs no extra round trip. The steps that change
         # the task's time to live (it ends, it is resumed) read it once each and write it

@@ -5,10 +5,10 @@ and retention (the state diagram is in :mod:`sidecar.core.operations`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from sidecar.canonical import canonical_json
+from sidecar.core.frozen import evolve
 from sidecar.core.operations.records import (
     OPEN_STATES,
     BeginDecision,
@@ -58,7 +58,7 @@ def observe(op: Operation, now: float) -> Operation:
         and op.lease_expires_at is not None
         and now >= op.lease_expires_at
     ):
-        return replace(op, state=OperationState.UNKNOWN)
+        return evolve(op, state=OperationState.UNKNOWN)
     return op
 
 
@@ -118,7 +118,7 @@ def begin(
         seen = observe(op, now)
         if seen.state is OperationState.IN_PROGRESS:
             return None, BeginOutcome(BeginDecision.IN_PROGRESS, BeginReason.LEASE_HELD, op)
-        changed = replace(seen, updated_at=now)
+        changed = evolve(seen, updated_at=now)
         return changed, BeginOutcome(BeginDecision.RECONCILE, BeginReason.LEASE_EXPIRED, changed)
     if op.state is OperationState.UNKNOWN:
         return None, BeginOutcome(BeginDecision.RECONCILE, BeginReason.OUTCOME_UNKNOWN, op)
@@ -127,7 +127,7 @@ def begin(
     # not_committed: the write is known not to have happened.
     if op.attempt >= policy.max_attempts:
         return None, BeginOutcome(BeginDecision.EXHAUSTED, BeginReason.ATTEMPTS_USED, op)
-    retry = replace(
+    retry = evolve(
         op,
         state=OperationState.IN_PROGRESS,
         attempt=op.attempt + 1,
@@ -190,7 +190,7 @@ def commit(
             f"attempt {attempt} of operation {operation_id!r} was reported not_committed",
             operation=op,
         )
-    new = replace(
+    new = evolve(
         op,
         state=OperationState.COMMITTED,
         receipt=receipt,
@@ -229,7 +229,7 @@ def fail(
     if seen.state is OperationState.UNKNOWN:
         if target is OperationState.UNKNOWN:
             # The lease ran out first; the caller agrees nobody knows: record why.
-            new = replace(
+            new = evolve(
                 seen,
                 updated_at=now,
                 last_failure={
@@ -250,7 +250,7 @@ def fail(
             f"operation {operation_id!r} is {op.state}; a fail cannot change that",
             operation=op,
         )
-    new = replace(
+    new = evolve(
         op,
         state=target,
         updated_at=now,
@@ -283,7 +283,7 @@ def release(
             "being written may be released",
             operation=op,
         )
-    new = replace(
+    new = evolve(
         op,
         state=OperationState.NOT_COMMITTED,
         attempt=attempt - 1,
@@ -328,7 +328,7 @@ def reconcile(
         ):
             return None, seen
         raise StateConflict(f"operation {operation_id!r} is already {seen.state}", operation=seen)
-    new = replace(
+    new = evolve(
         seen,
         state=target,
         receipt=receipt if target is OperationState.COMMITTED else None,

@@ -5,10 +5,11 @@ covered begin answers."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sidecar.core.frozen import build, shallow_doc
 from sidecar.core.stops import StopScope
 
 
@@ -113,7 +114,7 @@ class Operation:
     def to_doc(self) -> dict[str, Any]:
         """A JSON-ready dict (the stored document); fields are JSON values already,
         so a shallow copy does (``asdict`` would deep-copy every nested value)."""
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = shallow_doc(self)
         doc["state"] = str(self.state)
         return doc
 
@@ -124,7 +125,7 @@ class Operation:
             return None
         fields = dict(doc)
         fields["state"] = OperationState(fields["state"])
-        return cls(**fields)
+        return build(cls, fields)
 
 
 @dataclass(frozen=True)

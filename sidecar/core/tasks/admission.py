@@ -56,10 +56,11 @@ Times are epoch seconds; every function takes ``now``; no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sidecar.core.frozen import evolve
 from sidecar.core.operations import BeginRequest, Operation, OperationPolicy
 from sidecar.core.tasks.ledger_bridge import WriteAdmission, admit_write, require_open_room
 from sidecar.core.tasks.lifecycle import deadline_passed, end, overshoot
@@ -101,8 +102,8 @@ def admit_model_call(
     if task.envelope is not None:
         return task, ModelOutcome(ModelDecision.DENY, True, task.envelope.reason)
     limits = task.limits
-    used = replace(task.used, tokens=task.used.tokens + max(0, tokens_used or 0))
-    task = replace(task, used=used, updated_at=now)
+    used = evolve(task.used, tokens=task.used.tokens + max(0, tokens_used or 0))
+    task = evolve(task, used=used, updated_at=now)
     reserve = to_micros(reserve_cost or 0.0)
     max_cost = limits.max_cost_micros
     spent = used.cost_micros + used.reserved_micros
@@ -121,7 +122,7 @@ def admit_model_call(
         reason = EndReason.MODEL_BUDGET
     if reason is not None:
         return end(task, reason, now), ModelOutcome(ModelDecision.DENY, True, reason)
-    used = replace(
+    used = evolve(
         used, model_calls=used.model_calls + 1, reserved_micros=used.reserved_micros + reserve
     )
     ratio = limits.wrap_up_ratio
@@ -130,7 +131,7 @@ def admit_model_call(
         or used.model_calls >= ratio * limits.max_model_calls
         or (max_cost is not None and used.cost_micros >= ratio * max_cost)
     )
-    return replace(task, used=used), ModelOutcome(ModelDecision.ADMIT, wrap_up, None)
+    return evolve(task, used=used), ModelOutcome(ModelDecision.ADMIT, wrap_up, None)
 
 
 def settle_model_call(
@@ -147,20 +148,20 @@ def settle_model_call(
     """
     used = task.used
     release = min(to_micros(reserved_cost), used.reserved_micros)
-    used = replace(
+    used = evolve(
         used,
         reserved_micros=used.reserved_micros - release,
         cost_micros=used.cost_micros + to_micros(actual_cost),
         tokens=used.tokens + max(0, tokens),
     )
-    task = replace(task, used=used, updated_at=now)
+    task = evolve(task, used=used, updated_at=now)
     over = overshoot(task)
     if not over:
         return task
     if task.envelope is None:
         return end(task, EndReason.COST_BUDGET, now)
-    envelope = replace(task.envelope, used={**task.envelope.used, "cost": used.cost, **over})
-    return replace(task, envelope=envelope)
+    envelope = evolve(task.envelope, used={**task.envelope.used, "cost": used.cost, **over})
+    return evolve(task, envelope=envelope)
 
 
 def record_tokens(task: Task, tokens: int, now: float) -> Task:
@@ -168,7 +169,7 @@ def record_tokens(task: Task, tokens: int, now: float) -> Task:
     nothing here: the next admission does."""
     if tokens <= 0:
         return task
-    return replace(task, used=replace(task.used, tokens=task.used.tokens + tokens), updated_at=now)
+    return evolve(task, used=evolve(task.used, tokens=task.used.tokens + tokens), updated_at=now)
 
 
 # -- tool calls -----------------------------------------------------------------
@@ -335,11 +336,11 @@ def _rule_ledger(ask: _Ask) -> _Answer | None:
         oid = ask.call.operation.operation_id if ask.call.operation else ""
         uncertain = [oid] if w.ends is EndReason.UNKNOWN_COMMIT else []
         t, op, out = _ended(ask, w.ends, uncertain, w.operation if w.store_anyway else None)
-        return t, op, replace(out, operation=w.record)
+        return t, op, evolve(out, operation=w.record)
     if w.denies is not None:
         return ask.task, None, ToolOutcome(ToolDecision.DENY, w.denies, None, w.record)
     if w.replay:
-        used = replace(ask.task.used, replays=ask.task.used.replays + 1)
+        used = evolve(ask.task.used, replays=ask.task.used.replays + 1)
         task = _record(ask, CallStatus.REPLAYED, used=used)
         return task, None, ToolOutcome(ToolDecision.REPLAY, None, ask.call.call_id, w.record)
     return None
@@ -439,7 +440,7 @@ def _record(ask: _Ask, status: CallStatus, **changes: Any) -> Task:
     operations = task.operations
     if call.operation is not None:
         operations = tuple(dict.fromkeys((*operations, call.operation.operation_id)))
-    return replace(
+    return evolve(
         task, calls=task.calls_with(entry), operations=operations, updated_at=ask.now, **changes
     )
 
@@ -458,7 +459,7 @@ def _admit(ask: _Ask) -> _Answer:
     u = task.used
     poll = call.kind is CallKind.POLL
     changes: dict[str, Any] = {
-        "used": replace(
+        "used": evolve(
             u,
             tool_calls=u.tool_calls + 1,
             polls=u.polls + (1 if poll else 0),
@@ -470,7 +471,7 @@ def _admit(ask: _Ask) -> _Answer:
         "first_poll_at": (task.first_poll_at or ask.now) if poll else task.first_poll_at,
     }
     if call.flaw is CallFlaw.REPEAT:
-        counted = replace(task, updated_at=ask.now, **changes)
+        counted = evolve(task, updated_at=ask.now, **changes)
         return counted, None, ToolOutcome(ToolDecision.DENY, DenyReason.DUPLICATE_CALL)
     task = _record(ask, CallStatus.PENDING, **changes)
     new_op = ask.write.operation if ask.write is not None else None

@@ -19,9 +19,9 @@ with an envelope, complete, stop, resume.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
+from sidecar.core.frozen import evolve
 from sidecar.core.stops import StopScope
 from sidecar.core.tasks.limits import TaskLimits, from_micros
 from sidecar.core.tasks.outcomes import (
@@ -72,7 +72,7 @@ def reactivate(task: Task, now: float) -> Task:
     returned unchanged."""
     if task.envelope is not None:
         return task
-    return replace(task, activations=task.activations + 1, updated_at=now)
+    return evolve(task, activations=task.activations + 1, updated_at=now)
 
 
 def deadline_passed(task: Task, now: float) -> bool:
@@ -103,7 +103,7 @@ def end(task: Task, reason: EndReason, now: float, uncertain: Sequence[str] = ()
     if task.envelope is not None:
         return task
     status = STATUS_OF[reason]
-    ended = replace(task, ended_at=now, updated_at=now)
+    ended = evolve(task, ended_at=now, updated_at=now)
     envelope = Envelope(
         task_id=task.task_id,
         attempt=task.attempt,
@@ -123,13 +123,13 @@ def end(task: Task, reason: EndReason, now: float, uncertain: Sequence[str] = ()
         uncertain_operations=tuple(sorted(set(uncertain))),
         allowed_next_actions=NEXT_ACTIONS[status],
     )
-    return replace(ended, envelope=envelope)
+    return evolve(ended, envelope=envelope)
 
 
 def idle_step(task: Task) -> tuple[Task, bool]:
     """One more result without progress; True when that reaches ``max_idle``."""
     idle = task.used.idle + 1
-    return replace(task, used=replace(task.used, idle=idle)), idle >= task.limits.max_idle
+    return evolve(task, used=evolve(task.used, idle=idle)), idle >= task.limits.max_idle
 
 
 def complete(
@@ -146,11 +146,11 @@ def complete(
     done = passed if passed is not None else bool(evidence and evidence.done)
     if done:
         if evidence is not None and evidence.revision is not None:
-            task = replace(task, validated_revision=max(evidence.revision, task.validated_revision))
+            task = evolve(task, validated_revision=max(evidence.revision, task.validated_revision))
         return end(task, EndReason.VERIFIED_DONE, now), CompleteOutcome(
             CompleteDecision.COMPLETED, EndReason.VERIFIED_DONE
         )
-    task, exhausted = idle_step(replace(task, updated_at=now))
+    task, exhausted = idle_step(evolve(task, updated_at=now))
     if exhausted:
         return end(task, EndReason.NO_PROGRESS, now), CompleteOutcome(
             CompleteDecision.ENDED, EndReason.NO_PROGRESS
@@ -241,14 +241,14 @@ def resume(
         "extend": dict(extend) if extend else None,
         "previous": {"status": str(task.envelope.status), "reason": str(task.envelope.reason)},
     }
-    return replace(
+    return evolve(
         task,
         attempt=task.attempt + 1,
         limits=limits,
         envelope=None,
         ended_at=None,
         identical_calls={},
-        used=replace(task.used, idle=0, unchanged_polls=0),
+        used=evolve(task.used, idle=0, unchanged_polls=0),
         resumes=(*task.resumes, record),
         updated_at=now,
     )

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.core.frozen import build, known_items, shallow_doc
 from sidecar.errors import Forbidden
 
 #: Micro-units in one unit of the currency.
@@ -28,18 +29,6 @@ def to_micros(amount: float) -> int:
 def from_micros(micros: int) -> float:
     """Micro-units as an amount of money."""
     return micros / MICROS
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def field_names(cls: type) -> tuple[str, ...]:
-    """The field names of a dataclass, in order (asked on every document read
-    and write, so looked up once)."""
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-    return names
 
 
 @dataclass(frozen=True)
@@ -69,14 +58,14 @@ class TaskLimits:
 
     def to_doc(self) -> dict[str, Any]:
         """The stored (and shown) form: scalars plus a copy of ``per_tool``."""
-        doc = {name: getattr(self, name) for name in field_names(type(self))}
+        doc = shallow_doc(self)
         doc["per_tool"] = dict(self.per_tool)
         return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> TaskLimits:
-        known = field_names(cls)
-        return cls(**{k: v for k, v in doc.items() if k in known})
+        """The limits of a stored (or merged) document; fields it lacks take their default."""
+        return build(cls, known_items(cls, doc))
 
     @property
     def max_cost_micros(self) -> int | None:

@@ -45,9 +45,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from sidecar.core.frozen import evolve
 from sidecar.core.operations import CheckFinding, Operation
 from sidecar.core.tasks.ledger_bridge import settle_write
 from sidecar.core.tasks.lifecycle import deadline_passed, end, idle_step
@@ -107,12 +108,12 @@ def progress(task: Task, revision: int, result: Any) -> Task:
     """The task at a higher validated revision: idle count back to 0, and the
     identical-call counts of lower revisions dropped (they cannot match again)."""
     kept = {k: n for k, n in task.identical_calls.items() if identity_revision(k) >= revision}
-    return replace(
+    return evolve(
         task,
         validated_revision=revision,
         last_good=result,
         identical_calls=kept,
-        used=replace(task.used, idle=0),
+        used=evolve(task.used, idle=0),
     )
 
 
@@ -132,7 +133,7 @@ def record_result(
         raise NotFound(f"no call {call_id!r} in task {task.task_id!r}")
     if call.status is not CallStatus.PENDING:
         raise StateConflict(f"call {call_id!r} already has a result ({call.status})")
-    task = replace(
+    task = evolve(
         task, calls=task.calls_with_status(call_id, CallStatus(res.status)), updated_at=now
     )
     kind = call.kind
@@ -141,7 +142,7 @@ def record_result(
     check = res.check
     if check is not None and not check.cannot_run:
         ev_from_check = None if check.revision is None else Evidence(revision=check.revision)
-        res = replace(res, evidence=ev_from_check)
+        res = evolve(res, evidence=ev_from_check)
     ev = res.evidence
     check_failed = check is not None and (check.cannot_run or not check.passed)
 
@@ -206,7 +207,7 @@ def record_result(
     # 11
     if res.status in (ResultStatus.RETRYABLE, ResultStatus.UNKNOWN):
         retries = task.used.retries + 1
-        task = replace(task, used=replace(task.used, retries=retries))
+        task = evolve(task, used=evolve(task.used, retries=retries))
         idle_exhausted = False
         if rose and not check_failed and ev is not None and ev.revision is not None:
             task = progress(task, ev.revision, task.last_good)  # a failure is not a good result
@@ -220,13 +221,13 @@ def record_result(
 
     # 12
     if task.used.retries:
-        task = replace(task, used=replace(task.used, retries=0))
+        task = evolve(task, used=evolve(task.used, retries=0))
     result_print = res.result_fp[:PRINT_DIGITS]
     idle_exhausted = stalled = False
     if kind is CallKind.POLL:
         unchanged = task.used.unchanged_polls + 1 if result_print == task.last_poll else 0
-        task = replace(
-            task, last_poll=result_print, used=replace(task.used, unchanged_polls=unchanged)
+        task = evolve(
+            task, last_poll=result_print, used=evolve(task.used, unchanged_polls=unchanged)
         )
         stalled = unchanged >= limits.max_unchanged_polls
         if rose and ev is not None and ev.revision is not None:
@@ -240,7 +241,7 @@ def record_result(
     ):
         task, idle_exhausted = idle_step(task)
     if kind is not CallKind.POLL:
-        task = replace(task, results_seen=(*task.results_seen, result_print)[-CALL_HISTORY:])
+        task = evolve(task, results_seen=(*task.results_seen, result_print)[-CALL_HISTORY:])
     # 13
     if ev is not None and ev.done:
         return ended(EndReason.VERIFIED_DONE)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from sidecar.core.tasks.limits import TaskLimits, field_names, from_micros
+from sidecar.core.frozen import build, known_items, shallow_doc
+from sidecar.core.tasks.limits import TaskLimits, from_micros
 from sidecar.core.tasks.outcomes import EndReason, NextAction, TaskStatus
 
 #: How many calls a task remembers (cycle detection and call ids look back this far).
@@ -179,14 +180,13 @@ class Used:
         return from_micros(self.reserved_micros)
 
     def to_doc(self) -> dict[str, Any]:
-        doc = {name: getattr(self, name) for name in field_names(type(self))}
+        doc = shallow_doc(self)
         doc["per_tool"] = dict(self.per_tool)
         return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Used:
-        known = field_names(cls)
-        return cls(**{k: v for k, v in doc.items() if k in known})
+        return build(cls, known_items(cls, doc))
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,7 @@ class Task:
 
     def to_doc(self) -> dict[str, Any]:
         """The stored document (JSON types only)."""
-        doc = {name: getattr(self, name) for name in field_names(type(self))}
+        doc = shallow_doc(self)
         doc["limits"] = self.limits.to_doc()
         doc["used"] = self.used.to_doc()
         doc["calls"] = list(self.calls)
@@ -329,8 +329,7 @@ class Task:
         """The task of a stored document (None for None)."""
         if doc is None:
             return None
-        known = field_names(cls)
-        d = {k: v for k, v in doc.items() if k in known}
+        d = known_items(cls, doc)
         d["limits"] = TaskLimits.from_doc(d["limits"])
         d["used"] = Used.from_doc(d["used"])
         d["calls"] = tuple(d.get("calls", ()))
@@ -342,4 +341,4 @@ class Task:
             d["allowed_tools"] = tuple(d["allowed_tools"])
         if d.get("envelope") is not None:
             d["envelope"] = Envelope.from_doc(d["envelope"])
-        return cls(**d)
+        return build(cls, d)
