@@ -106,6 +106,10 @@ class TaskWatch:
         }
         return outliers.judge(self.totals(txn, ns, task.workflow), used, self.policy)
 
+    def stop_reason(self, exceeded: list[outliers.Exceeded]) -> core.EndReason | None:
+        """``outliers.action: stop`` ends a flagged task ``stopped``, ``outlier``."""
+        return core.EndReason.OUTLIER if exceeded and self.policy.action == "stop" else None
+
     def with_tokens(
         self, txn: Txn, ns: str, task: Task, tokens: int
     ) -> tuple[Task, list[outliers.Exceeded]]:

@@ -257,10 +257,8 @@ class TaskService:
         :param reserve_cost: the turn's worst-case cost, held until
             :meth:`settle_model_call`.
         :param execution_id: the n8n execution asking (remembered for a task stop).
-        :param unbudgeted: the refusal of a turn whose cost no money budget can
-            bound (an unpriced model, an unbounded request): raised when the
-            task has a money budget and has not ended (DESIGN §3 ``max_cost``).
-        :raises ValidationFailed: ``unbudgeted``, under a money budget.
+        :param unbudgeted: the refusal of a turn whose cost no money budget bounds (an
+            unpriced model): raised if :func:`core.money_bound_required` (ValidationFailed).
         """
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ModelOutcome]]:
@@ -268,7 +266,7 @@ class TaskService:
                 raise ValidationFailed([unbudgeted])
             self._remember(ns, task)
             exceeded = self.watch.exceeded(txn, ns, task, tokens_used or 0)
-            stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)
+            stopped = self._stopped(txn, ns, task) or self.watch.stop_reason(exceeded)
             new, out = core.admit_model_call(task, tokens_used, txn.now, stopped, reserve_cost)
             if exceeded and out.admitted and self.watch.policy.action == "wrap_up":
                 out = replace(out, wrap_up=True)
@@ -276,10 +274,6 @@ class TaskService:
             return None, (new, out)
 
         return self._update(principal, ns, task_id, step, self._watch_keys(ns, task_id))
-
-    def _outlier_stop(self, exceeded: list[Any]) -> core.EndReason | None:
-        """``outliers.action: stop`` ends a flagged task ``stopped``, ``outlier``."""
-        return core.EndReason.OUTLIER if exceeded and self.watch.policy.action == "stop" else None
 
     def watched(self, ns: str, task_id: str) -> dict[str, Any]:
         """The task's watch document: ``executions`` that acted for it, ``outlier`` mark."""
@@ -449,7 +443,7 @@ class TaskService:
                 flaw=body.flaw,
             )
             exceeded = self.watch.exceeded(txn, ns, task)
-            stopped = self._stopped(txn, ns, task) or self._outlier_stop(exceeded)
+            stopped = self._stopped(txn, ns, task) or self.watch.stop_reason(exceeded)
             new, new_op, out = core.admit_tool_call(
                 task, call, op, self.op_policy, txn.now, stopped, open_count=open_count
             )
