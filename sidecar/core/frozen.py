@@ -4,8 +4,8 @@ A task is decoded, changed several times and encoded again on every tool call
 and result; :func:`dataclasses.replace` walks :func:`dataclasses.fields` and
 runs ``__init__`` with every field again for each change, and a comprehension
 of ``getattr`` per field builds each document. The core's records are frozen
-dataclasses without ``__post_init__``, ``init=False`` fields or slots
-(*plain*): ``__init__`` only stores each field, so an instance's ``__dict__``
+dataclasses without ``__post_init__``, ``init=False`` fields, slots or
+cached properties (*plain*): ``__init__`` only stores each field, so an instance's ``__dict__``
 holds exactly its fields, in definition order. The helpers below keep that
 shape and work on ``__dict__`` directly; a record of any other dataclass goes
 through :mod:`dataclasses` as before.
@@ -14,6 +14,7 @@ through :mod:`dataclasses` as before.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple, TypeVar
 
@@ -39,6 +40,12 @@ def _shape(cls: type) -> _Shape:
             not hasattr(cls, "__post_init__")
             and all(f.init for f in fields)
             and "__slots__" not in cls.__dict__
+            # A cached value kept in ``__dict__`` would be copied into a changed record.
+            and not any(
+                isinstance(v, functools.cached_property)
+                for k in cls.__mro__
+                for v in vars(k).values()
+            )
         )
         shape = _SHAPES[cls] = _Shape(names, frozenset(names), plain)
     return shape

@@ -4,6 +4,7 @@ dataclasses would: the same records, the same documents, key for key in order.""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -83,3 +84,20 @@ def test_a_document_missing_or_adding_fields_reads_as_before() -> None:
     task = Task.from_doc(doc)
     assert task is not None and task.exchanges == ()
     assert list(task.to_doc()) == [f.name for f in dataclasses.fields(Task)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cached:
+    n: int
+
+    @functools.cached_property
+    def double(self) -> int:
+        return 2 * self.n
+
+
+def test_a_record_with_a_cached_property_is_changed_by_dataclasses() -> None:
+    record = _Cached(1)
+    assert record.double == 2
+    changed = evolve(record, n=5)
+    assert changed.double == 10
+    assert shallow_doc(changed) == {"n": 5}
