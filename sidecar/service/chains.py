@@ -4,7 +4,7 @@ around :mod:`sidecar.core.chains`."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,39 @@ class EffectInput:
     execution_mode: ExecutionMode = "production"
 
 
+class LazyPrints(Mapping[str, str]):
+    """Field -> fingerprint of a content's fields, each computed when first read.
+
+    The core reads a field's print only to compare it with an effect that
+    targets the event, and only the fields that effect wrote: most
+    activations read none, so most make no HMAC here. The prints are those
+    an eager ``{k: make(v) for k, v in fields.items()}`` holds.
+
+    :param fields: the content's fields (not copied: the content is not changed
+        while the activation is decided).
+    :param make: the fingerprint of one field's value.
+    """
+
+    __slots__ = ("_fields", "_made", "_make")
+
+    def __init__(self, fields: Mapping[str, Any], make: Callable[[Any], str]) -> None:
+        self._fields = fields
+        self._make = make
+        self._made: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        made = self._made.get(name)
+        if made is None:
+            made = self._made[name] = self._make(self._fields[name])
+        return made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
 @dataclass(frozen=True)
 class ChainInfo:
     chain: Chain
@@ -117,13 +150,18 @@ class ChainService:
     # -- fingerprints ------------------------------------------------------------
 
     def field_prints(self, content: Any) -> FieldPrints:
+        """The content's field prints, each made when the core first compares it
+        (:class:`LazyPrints`)."""
         fields = content if isinstance(content, dict) else {}
         return FieldPrints(
-            normal={k: self.fp.fingerprint(core.normalize_scalar(v)) for k, v in fields.items()},
-            strict={k: self.fp.fingerprint(v) for k, v in fields.items()},
+            normal=LazyPrints(fields, self._normal_print),
+            strict=LazyPrints(fields, self.fp.fingerprint),
             missing_normal=self._missing[0],
             missing_strict=self._missing[1],
         )
+
+    def _normal_print(self, value: Any) -> str:
+        return self.fp.fingerprint(core.normalize_scalar(value))
 
     # -- activations -------------------------------------------------------------
 
