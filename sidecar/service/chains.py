@@ -180,11 +180,15 @@ class ChainService:
         wf = body.workflow
         limits = self.limits(wf)
         content = core.content_of(body.content, body.event)
-        content_fp = self.fp.fingerprint(content)
+        content_fp, content_json = self.fp.fingerprint_canonical(content)
         if body.marker is not None and body.marker.strip():
             found = markers.scan_given(self.fp, ns, body.marker)
+        elif body.event is not None:
+            found = markers.scan(self.fp, ns, body.event)
+        elif markers.may_hold(content_json):
+            found = markers.scan(self.fp, ns, content)
         else:
-            found = markers.scan(self.fp, ns, body.event if body.event is not None else content)
+            found = markers.NOTHING
         candidates = found.candidates()
         subject = body.subject_key or body.event_key
         event_hash = (
