@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sidecar import markers
 from sidecar.auth import Principal
@@ -24,12 +24,14 @@ from sidecar.core.chains import (
     FieldPrints,
     Link,
     RateCounter,
+    RateLog,
+    Seen,
 )
 from sidecar.core.executions import ExecutionMode
 from sidecar.core.stops import Stop, set_stop
 from sidecar.errors import ValidationFailed
 from sidecar.service import keys, mappers, records
-from sidecar.service.mappers import EFFECTS, LINKS, STOPS, Chains
+from sidecar.service.mappers import EFFECTS, LINKS, STOPS, Chains, Plain
 from sidecar.service.records import Txn
 from sidecar.store import Increment, Store
 
@@ -74,6 +76,19 @@ class EffectInput:
     strict: bool
     execution_id: str | None = None
     execution_mode: ExecutionMode = "production"
+
+
+class _Windows(NamedTuple):
+    """The mappers of a workflow's dedupe window and subject rate window."""
+
+    seen: Plain[Seen]
+    subject_rate: Plain[RateLog]
+
+    @classmethod
+    def of(cls, limits: ChainLimits) -> _Windows:
+        return cls(
+            mappers.window(limits.dedupe_window_s), mappers.subject_rate(limits.rate_window_s)
+        )
 
 
 class LazyPrints(Mapping[str, str]):
@@ -135,9 +150,12 @@ class ChainService:
         )
         self.records = Chains(self.longest_chain_s)
         # Built once per worker: the policy of every configured workflow and the
-        # default's, and the fingerprints an absent field has.
+        # default's (with the mappers of its dedupe and rate windows), and the
+        # fingerprints an absent field has.
         self._limits = {name: chains.for_workflow(name).to_core() for name in chains.workflows}
         self._default_limits = chains.default.to_core()
+        self._windows = {name: _Windows.of(limits) for name, limits in self._limits.items()}
+        self._default_windows = _Windows.of(self._default_limits)
         self._missing = (
             fingerprinter.fingerprint(core.normalize_scalar(None)),
             fingerprinter.fingerprint(None),
@@ -179,6 +197,7 @@ class ChainService:
         now = self.clock()
         wf = body.workflow
         limits = self.limits(wf)
+        seen_records, subject_records = self._windows.get(wf, self._default_windows)
         content = core.content_of(body.content, body.event)
         content_fp, content_json = self.fp.fingerprint_canonical(content)
         if body.marker is not None and body.marker.strip():
@@ -245,9 +264,6 @@ class ChainService:
         for m in candidates:
             declared += [keys.chain(ns, m.chain_id), keys.chain_stop(ns, m.chain_id)]
 
-        seen_records = mappers.window(limits.dedupe_window_s)
-        subject_records = mappers.subject_rate(limits.rate_window_s)
-
         def step(txn: Txn) -> ActivationOutcome:
             own = txn.read(EFFECTS, own_key) if own_key else None
             links = [lk for k in related if (lk := txn.read(LINKS, k))]
@@ -257,19 +273,23 @@ class ChainService:
             chain_ids = {lk.chain_id for lk in links} | {m.chain_id for m in candidates}
             if own is not None:
                 chain_ids.add(own.chain_id)
-            # The chains and their stops, in one read (not one per step).
-            txn.prefetch(
-                k
-                for cid in sorted(chain_ids)
-                for k in (keys.chain(ns, cid), keys.chain_stop(ns, cid))
-            )
-            chains = {
-                cid: c
-                for cid in sorted(chain_ids)
-                if (c := txn.read(self.records, keys.chain(ns, cid)))
-                and principal.allows(c.workflow)
-            }
-            stops = {cid: st for cid in chains if (st := txn.read(STOPS, keys.chain_stop(ns, cid)))}
+            chains: dict[str, Chain] = {}
+            stops: dict[str, Stop] = {}
+            if chain_ids:  # (most activations name no chain)
+                # The chains and their stops, in one read (not one per step).
+                ordered = sorted(chain_ids)
+                txn.prefetch(
+                    k for cid in ordered for k in (keys.chain(ns, cid), keys.chain_stop(ns, cid))
+                )
+                chains = {
+                    cid: c
+                    for cid in ordered
+                    if (c := txn.read(self.records, keys.chain(ns, cid)))
+                    and principal.allows(c.workflow)
+                }
+                stops = {
+                    cid: st for cid in chains if (st := txn.read(STOPS, keys.chain_stop(ns, cid)))
+                }
             counts = [
                 int(doc["count"]) if (doc := txn.doc(k)) else 0
                 for k in (wf_rate_prev, wf_rate_key, wf_rate_next)
