@@ -181,6 +181,15 @@ class Fingerprinter:
         secret = self.current if secret_id is None else self._by_id[secret_id]
         return secret.hmac_hex(canonical_json(value))
 
+    def fingerprint_canonical(self, value: Any) -> tuple[str, bytes]:
+        """``value``'s fingerprint under the current secret, and the canonical JSON
+        (RFC 8785) it was made of, for a caller that reads that form too.
+
+        :raises ValueError: when ``value`` is not canonicalizable JSON.
+        """
+        data = canonical_json(value)
+        return self.current.hmac_hex(data), data
+
     def fingerprints(self, value: Any) -> dict[str, str]:
         """The fingerprint of ``value`` under every known secret, keyed by secret id.
 

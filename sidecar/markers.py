@@ -83,6 +83,23 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
+#: A search that found nothing.
+NOTHING = Scan((), 0)
+
+
+def may_hold(canonical: bytes) -> bool:
+    """Whether a value whose canonical JSON is ``canonical`` may hold a marker
+    candidate: False only when :func:`scan` of that value finds nothing.
+
+    :func:`scan` tries a string (or key) only when its lower-case form holds
+    ``ls1.``; no character but ``L``, ``l``, ``S``, ``s``, ``1`` and ``.`` has
+    a lower-case form holding any of those four, so such a string holds
+    ``[Ll][Ss]1.``, which RFC 8785 writes as is (it escapes only ``"``,
+    ``\\`` and control characters): the bytes, lower-cased, hold ``ls1.``.
+    """
+    return b"ls1." in canonical.lower()
+
+
 def scan_given(fingerprinter: Fingerprinter, ns: str, text: str) -> Scan:
     """Verify a marker the caller handed over in ``marker``: anything there that
     is not a valid marker counts as one invalid marker."""

@@ -4,9 +4,9 @@ around :mod:`sidecar.core.chains`."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sidecar import markers
 from sidecar.auth import Principal
@@ -24,12 +24,14 @@ from sidecar.core.chains import (
     FieldPrints,
     Link,
     RateCounter,
+    RateLog,
+    Seen,
 )
 from sidecar.core.executions import ExecutionMode
 from sidecar.core.stops import Stop, set_stop
 from sidecar.errors import ValidationFailed
 from sidecar.service import keys, mappers, records
-from sidecar.service.mappers import EFFECTS, LINKS, STOPS, Chains
+from sidecar.service.mappers import EFFECTS, LINKS, STOPS, Chains, Plain
 from sidecar.service.records import Txn
 from sidecar.store import Increment, Store
 
@@ -76,6 +78,52 @@ class EffectInput:
     execution_mode: ExecutionMode = "production"
 
 
+class _Windows(NamedTuple):
+    """The mappers of a workflow's dedupe window and subject rate window."""
+
+    seen: Plain[Seen]
+    subject_rate: Plain[RateLog]
+
+    @classmethod
+    def of(cls, limits: ChainLimits) -> _Windows:
+        return cls(
+            mappers.window(limits.dedupe_window_s), mappers.subject_rate(limits.rate_window_s)
+        )
+
+
+class LazyPrints(Mapping[str, str]):
+    """Field -> fingerprint of a content's fields, each computed when first read.
+
+    The core reads a field's print only to compare it with an effect that
+    targets the event, and only the fields that effect wrote: most
+    activations read none, so most make no HMAC here. The prints are those
+    an eager ``{k: make(v) for k, v in fields.items()}`` holds.
+
+    :param fields: the content's fields (not copied: the content is not changed
+        while the activation is decided).
+    :param make: the fingerprint of one field's value.
+    """
+
+    __slots__ = ("_fields", "_made", "_make")
+
+    def __init__(self, fields: Mapping[str, Any], make: Callable[[Any], str]) -> None:
+        self._fields = fields
+        self._make = make
+        self._made: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        made = self._made.get(name)
+        if made is None:
+            made = self._made[name] = self._make(self._fields[name])
+        return made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
 @dataclass(frozen=True)
 class ChainInfo:
     chain: Chain
@@ -102,9 +150,12 @@ class ChainService:
         )
         self.records = Chains(self.longest_chain_s)
         # Built once per worker: the policy of every configured workflow and the
-        # default's, and the fingerprints an absent field has.
+        # default's (with the mappers of its dedupe and rate windows), and the
+        # fingerprints an absent field has.
         self._limits = {name: chains.for_workflow(name).to_core() for name in chains.workflows}
         self._default_limits = chains.default.to_core()
+        self._windows = {name: _Windows.of(limits) for name, limits in self._limits.items()}
+        self._default_windows = _Windows.of(self._default_limits)
         self._missing = (
             fingerprinter.fingerprint(core.normalize_scalar(None)),
             fingerprinter.fingerprint(None),
@@ -117,13 +168,18 @@ class ChainService:
     # -- fingerprints ------------------------------------------------------------
 
     def field_prints(self, content: Any) -> FieldPrints:
+        """The content's field prints, each made when the core first compares it
+        (:class:`LazyPrints`)."""
         fields = content if isinstance(content, dict) else {}
         return FieldPrints(
-            normal={k: self.fp.fingerprint(core.normalize_scalar(v)) for k, v in fields.items()},
-            strict={k: self.fp.fingerprint(v) for k, v in fields.items()},
+            normal=LazyPrints(fields, self._normal_print),
+            strict=LazyPrints(fields, self.fp.fingerprint),
             missing_normal=self._missing[0],
             missing_strict=self._missing[1],
         )
+
+    def _normal_print(self, value: Any) -> str:
+        return self.fp.fingerprint(core.normalize_scalar(value))
 
     # -- activations -------------------------------------------------------------
 
@@ -141,12 +197,17 @@ class ChainService:
         now = self.clock()
         wf = body.workflow
         limits = self.limits(wf)
+        seen_records, subject_records = self._windows.get(wf, self._default_windows)
         content = core.content_of(body.content, body.event)
-        content_fp = self.fp.fingerprint(content)
+        content_fp, content_json = self.fp.fingerprint_canonical(content)
         if body.marker is not None and body.marker.strip():
             found = markers.scan_given(self.fp, ns, body.marker)
+        elif body.event is not None:
+            found = markers.scan(self.fp, ns, body.event)
+        elif markers.may_hold(content_json):
+            found = markers.scan(self.fp, ns, content)
         else:
-            found = markers.scan(self.fp, ns, body.event if body.event is not None else content)
+            found = markers.NOTHING
         candidates = found.candidates()
         subject = body.subject_key or body.event_key
         event_hash = (
@@ -203,9 +264,6 @@ class ChainService:
         for m in candidates:
             declared += [keys.chain(ns, m.chain_id), keys.chain_stop(ns, m.chain_id)]
 
-        seen_records = mappers.window(limits.dedupe_window_s)
-        subject_records = mappers.subject_rate(limits.rate_window_s)
-
         def step(txn: Txn) -> ActivationOutcome:
             own = txn.read(EFFECTS, own_key) if own_key else None
             links = [lk for k in related if (lk := txn.read(LINKS, k))]
@@ -215,19 +273,23 @@ class ChainService:
             chain_ids = {lk.chain_id for lk in links} | {m.chain_id for m in candidates}
             if own is not None:
                 chain_ids.add(own.chain_id)
-            # The chains and their stops, in one read (not one per step).
-            txn.prefetch(
-                k
-                for cid in sorted(chain_ids)
-                for k in (keys.chain(ns, cid), keys.chain_stop(ns, cid))
-            )
-            chains = {
-                cid: c
-                for cid in sorted(chain_ids)
-                if (c := txn.read(self.records, keys.chain(ns, cid)))
-                and principal.allows(c.workflow)
-            }
-            stops = {cid: st for cid in chains if (st := txn.read(STOPS, keys.chain_stop(ns, cid)))}
+            chains: dict[str, Chain] = {}
+            stops: dict[str, Stop] = {}
+            if chain_ids:  # (most activations name no chain)
+                # The chains and their stops, in one read (not one per step).
+                ordered = sorted(chain_ids)
+                txn.prefetch(
+                    k for cid in ordered for k in (keys.chain(ns, cid), keys.chain_stop(ns, cid))
+                )
+                chains = {
+                    cid: c
+                    for cid in ordered
+                    if (c := txn.read(self.records, keys.chain(ns, cid)))
+                    and principal.allows(c.workflow)
+                }
+                stops = {
+                    cid: st for cid in chains if (st := txn.read(STOPS, keys.chain_stop(ns, cid)))
+                }
             counts = [
                 int(doc["count"]) if (doc := txn.doc(k)) else 0
                 for k in (wf_rate_prev, wf_rate_key, wf_rate_next)

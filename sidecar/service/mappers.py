@@ -29,7 +29,7 @@ commit (:meth:`Txn.increment`) and read without being compared
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
 from sidecar.auth import Principal
@@ -267,7 +267,16 @@ class Plain(Mapper[R], Generic[R]):
 
 
 def _fields(record: Any) -> dict[str, Any]:
-    return asdict(record)
+    """A flat record (every field a JSON scalar) as its document: what
+    :func:`dataclasses.asdict` makes of it, without its deep copy."""
+    names = _FIELD_NAMES.get(type(record))
+    if names is None:
+        names = _FIELD_NAMES[type(record)] = tuple(f.name for f in fields(record))
+    return {name: getattr(record, name) for name in names}
+
+
+#: A record type's field names, in order (learned at its first save).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 #: Sticky stops of a workflow or a chain; no TTL of their own (a chain stop is

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar import markers
-from sidecar.canonical import Fingerprinter, Secret
+from sidecar.canonical import Fingerprinter, Secret, canonical_json
 from sidecar.core.chains import Marker
 
 FP = Fingerprinter(Secret(b"marker-secret-0123456789"))
@@ -49,3 +49,30 @@ def test_forgeries_are_never_trusted(chain: str, other: str, depth: int, cut: in
 @given(st.text(max_size=200))
 def test_arbitrary_text_is_never_a_valid_marker(text: str) -> None:
     assert markers.scan(FP, "p", {"x": text}).valid == ()
+
+
+def test_only_ascii_lowers_into_a_marker_prefix() -> None:
+    """The premise of ``markers.may_hold``: no other character's lower-case form
+    holds ``l``, ``s``, ``1`` or ``.``."""
+    lowering = [
+        hex(c)
+        for c in range(0x80, 0x110000)
+        if not 0xD800 <= c <= 0xDFFF and any(x in chr(c).lower() for x in "ls1.")
+    ]
+    assert lowering == []
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+
+
+@given(JSON, CHAIN, DEPTH)
+def test_a_value_that_may_hold_no_marker_scans_to_nothing(
+    value: object, chain: str, depth: int
+) -> None:
+    for item in (value, [value, markers.encode(FP, "p", chain, depth).upper()], {"ls1.x": value}):
+        if not markers.may_hold(canonical_json(item)):
+            assert markers.scan(FP, "p", item) == markers.NOTHING

@@ -106,7 +106,7 @@ class Chain:
 
     def to_doc(self) -> dict[str, Any]:
         """The stored document. Shallow: the entries of ``recent`` are shared."""
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = {name: getattr(self, name) for name in _CHAIN_FIELDS}
         doc["recent"] = list(self.recent)
         doc["executions"] = list(self.executions)
         return doc
@@ -132,6 +132,10 @@ class Chain:
             self.executions, execution_id, mode, now, workflow=workflow
         )
         return self if remembered is None else replace(self, executions=remembered)
+
+
+#: A chain document's keys, in the order of the fields.
+_CHAIN_FIELDS = tuple(f.name for f in fields(Chain))
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,7 @@ class RateCounter:
 
     def add(self, now: float, window_s: float) -> RateCounter:
         cur = self.rolled(now, window_s)
-        return replace(cur, count=cur.count + 1)
+        return RateCounter(cur.window_start, cur.count + 1, cur.previous)
 
 
 @dataclass(frozen=True)
