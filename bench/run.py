@@ -152,6 +152,8 @@ def start_sidecar(
         "LOOPSTOP_STORE": store,
         "LOOPSTOP_SECRET": SECRET,
         "BENCH_TOKEN": TOKEN,
+        # ``PYTHONPATH=<another checkout>`` serves that checkout's sidecar.
+        **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ},
     }
     proc = subprocess.Popen(
         [
