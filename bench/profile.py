@@ -14,7 +14,10 @@ requests sent through the WSGI callable, and each part's CPU time
 split into parse, auth, validate, fingerprint, service, transaction, store
 client, render, log, metrics and the framework's rest. CPU time is much less
 sensitive to the machine's load than a throughput; it leaves out gunicorn's
-HTTP parsing, which is the same on both sides.
+HTTP parsing, which is the same on both sides. Its last line counts the
+function calls per request (Python and C, :func:`parts.calls_per_request`),
+which no load moves. ``PYTHONPATH=<another checkout>`` measures that
+checkout's sidecar against the same floor.
 
 ``--sample`` is the older whole-server view: for each route it serves the
 floor and then the sidecar, each with one gunicorn worker of ``loopstop
