@@ -789,6 +789,31 @@ def test_a_money_budget_given_at_resume_refuses_an_unpriced_model_from_then_on(
     assert len(llm.requests) == 1
 
 
+def test_a_task_its_own_tool_outputs_end_answers_its_end_whatever_the_models_price(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """The money-budget check reads the task the turn is admitted on: a turn whose
+    tool outputs end the task (here ``no_progress``) gets the task's final message,
+    not a 422 for its unpriced model, by key line as by id line."""
+    policy = {"money": {"limits": {"max_cost": 10, "max_idle": 1, "max_same_call": 5}}}
+    api = Api(gate_app(make_app, llm, model_gate=PRICED, policies=policy).test_client())
+    lines = "\nloopstop-task-key: k-1\nloopstop-workflow: wf-9\nloopstop-policy: money"
+    llm.mode = "tool_call"
+    history: list[dict[str, Any]] = []
+    for _ in range(2):
+        status, out = turn(api, "chat", None, system_extra=lines, history=history, max_tokens=5)
+        assert status == 200, out
+        (call_id,) = calls_of("chat", out)
+        history = history + output_item("chat", call_id, "the same output")
+    asked = len(llm.requests)
+    status, out = turn(
+        api, "chat", None, system_extra=lines, history=history, model="unpriced-model"
+    )
+    assert status == 200, out
+    assert "has ended: partial (no_progress)" in text_of("chat", out)
+    assert len(llm.requests) == asked
+
+
 @pytest.mark.all_stores  # a race on the store
 def test_concurrent_turns_of_one_task_never_overspend(make_app: AppFactory, llm: FakeLLM) -> None:
     """Eight turns at once, each reserving 5 against max_cost 12: at most two are
