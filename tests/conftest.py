@@ -340,6 +340,15 @@ class SentinelCluster:
         self.sentinel_ports: list[int] = []
 
     def start(self) -> SentinelCluster:
+        """Start the primary, its replicas and three sentinels; a cluster that
+        fails to come up is stopped whole (no server outlives the failure)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> SentinelCluster:
         self.primary.start()
         self.replica = RedisServer(
             self.workdir / "replica", "--replicaof", "127.0.0.1", str(self.primary.port)
@@ -373,7 +382,9 @@ class SentinelCluster:
                 )
             )
             self.sentinel_ports.append(port)
-        deadline = time.monotonic() + 20
+        # Sentinels learn replicas from the primary's INFO every 10 s: allow a few
+        # periods on a loaded machine.
+        deadline = time.monotonic() + 60
         for port in self.sentinel_ports:  # every sentinel knows the replica and its peers
             client = redis_lib.Redis(port=port, decode_responses=True, socket_timeout=1)
             while True:
