@@ -685,7 +685,11 @@ def main() -> int:
             f"{f['p95_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['ratio']:>8.2f} "
             f"{f['vs_floor']:>8.2f} {rtt:>8} {cmds:>8} {f['errors'] + f['non_2xx']:>8}"
         )
-    print("\nbegin+commit with records already stored:")
+    print(
+        "\nbegin+commit with records already stored:"
+        if sizes
+        else "\nbegin+commit with records already stored: not measured (--quick, --no-size)"
+    )
     for name, by_count in sizes.items():
         small, big = by_count[1_000], by_count[args.big]
         print(
