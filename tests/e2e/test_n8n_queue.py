@@ -513,7 +513,14 @@ def test_a_task_stop_reaches_the_sub_executions_that_acted_for_it(queue: QueueSt
     )
     assert r.status_code == 200, r.text
     task_id = r.json()["task"]["task_id"]
-    known = [e["execution_id"] for e in queue.admin(f"/v1/tasks/{task_id}")["executions"]]
+    # The child is running from its first node on: its "Act for the task" request
+    # may still be on its way.
+    deadline = time.monotonic() + 15
+    while True:
+        known = [e["execution_id"] for e in queue.admin(f"/v1/tasks/{task_id}")["executions"]]
+        if known == [parent, child] or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
     assert known == [parent, child], known
 
     out = queue.admin(f"/v1/tasks/{task_id}/stop", {"reason": "queue sub-workflow"})
