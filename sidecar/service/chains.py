@@ -78,16 +78,19 @@ class EffectInput:
     execution_mode: ExecutionMode = "production"
 
 
-class _Windows(NamedTuple):
-    """The mappers of a workflow's dedupe window and subject rate window."""
+class _Policy(NamedTuple):
+    """A workflow's chain policy and the mappers of its dedupe and subject rate windows."""
 
+    limits: ChainLimits
     seen: Plain[Seen]
     subject_rate: Plain[RateLog]
 
     @classmethod
-    def of(cls, limits: ChainLimits) -> _Windows:
+    def of(cls, limits: ChainLimits) -> _Policy:
         return cls(
-            mappers.window(limits.dedupe_window_s), mappers.subject_rate(limits.rate_window_s)
+            limits,
+            mappers.window(limits.dedupe_window_s),
+            mappers.subject_rate(limits.rate_window_s),
         )
 
 
@@ -152,10 +155,10 @@ class ChainService:
         # Built once per worker: the policy of every configured workflow and the
         # default's (with the mappers of its dedupe and rate windows), and the
         # fingerprints an absent field has.
-        self._limits = {name: chains.for_workflow(name).to_core() for name in chains.workflows}
-        self._default_limits = chains.default.to_core()
-        self._windows = {name: _Windows.of(limits) for name, limits in self._limits.items()}
-        self._default_windows = _Windows.of(self._default_limits)
+        self._policies = {
+            name: _Policy.of(chains.for_workflow(name).to_core()) for name in chains.workflows
+        }
+        self._default_policy = _Policy.of(chains.default.to_core())
         self._missing = (
             fingerprinter.fingerprint(core.normalize_scalar(None)),
             fingerprinter.fingerprint(None),
@@ -163,7 +166,10 @@ class ChainService:
 
     def limits(self, workflow: str | None) -> ChainLimits:
         """The chain policy of ``workflow`` (defaults plus its overrides)."""
-        return self._limits.get(workflow or "", self._default_limits)
+        return self._policy(workflow).limits
+
+    def _policy(self, workflow: str | None) -> _Policy:
+        return self._policies.get(workflow or "", self._default_policy)
 
     # -- fingerprints ------------------------------------------------------------
 
@@ -196,8 +202,7 @@ class ChainService:
         principal.require(body.workflow)
         now = self.clock()
         wf = body.workflow
-        limits = self.limits(wf)
-        seen_records, subject_records = self._windows.get(wf, self._default_windows)
+        limits, seen_records, subject_records = self._policy(wf)
         content = core.content_of(body.content, body.event)
         content_fp, content_json = self.fp.fingerprint_canonical(content)
         if body.marker is not None and body.marker.strip():
