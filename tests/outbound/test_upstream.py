@@ -116,3 +116,31 @@ def test_the_deadline_covers_the_whole_exchange() -> None:
         assert caught.value.code == "timeout"
         assert time.monotonic() - started < 1.5
         exchange.close()
+
+
+def test_a_cookie_an_upstream_sets_is_never_sent_with_a_later_turn() -> None:
+    """One gate session serves every caller: a cookie one turn's answer sets
+    must not travel with the next turn, whoever sends it."""
+    cookies: list[str | None] = []
+
+    class Handler(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            cookies.append(self.headers.get("Cookie"))
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Set-Cookie", "session=caller-one; Path=/")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with running(Handler) as base:
+        upstream = _upstream(base)
+        for _ in range(2):
+            exchange = upstream.post(OPENAI_CHAT, {"messages": []}, False)
+            assert exchange.read_all(OPENAI_CHAT) == b'{"ok": true}'
+    assert cookies == [None, None]
+    assert not upstream.session.cookies
