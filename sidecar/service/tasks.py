@@ -113,8 +113,7 @@ class TaskService:
 
     def _stop_keys(self, ns: str, task_id: str) -> list[str]:
         """The stop keys of a task seen before by this process (else none: read lazily)."""
-        scope = self._scopes.get(f"{ns}:{task_id}")
-        if scope is None:
+        if (scope := self._scopes.get(f"{ns}:{task_id}")) is None:
             return []
         workflow, chain_id = scope
         out = [keys.workflow_stop(workflow)] if workflow else []
@@ -127,8 +126,7 @@ class TaskService:
 
     def _workflow_of(self, ns: str, task_id: str) -> str | None:
         """The task's workflow (it never changes): as this process saw it, else read."""
-        scope = self._scopes.get(f"{ns}:{task_id}")
-        if scope is not None:
+        if (scope := self._scopes.get(f"{ns}:{task_id}")) is not None:
             return scope[0]
         found = self.records.decode(self.store.get(keys.task(ns, task_id)))
         return None if found is None else found.workflow
@@ -273,7 +271,9 @@ class TaskService:
             self._save(txn, ns, task, new, execution_id, exceeded)
             return None, (new, out)
 
-        return self._update(principal, ns, task_id, step, self._watch_keys(ns, task_id))
+        # Likely the task as this process last wrote it: decided on that, checked.
+        watch = self._watch_keys(ns, task_id)
+        return self._update(principal, ns, task_id, step, watch, recent_likely=True)
 
     def watched(self, ns: str, task_id: str) -> dict[str, Any]:
         """The task's watch document: ``executions`` that acted for it, ``outlier`` mark."""
