@@ -34,6 +34,7 @@ from sidecar.service.mappers import Tasks, covering_stop
 from sidecar.service.operations import OperationService
 from sidecar.service.records import Txn
 from sidecar.service.task_inputs import CallInput, CreateInput
+from sidecar.service.task_scopes import TaskScopes
 from sidecar.service.task_watch import TaskWatch
 from sidecar.store import Store
 
@@ -66,9 +67,6 @@ class TaskService:
         # max_open_per_workflow like any begin (DESIGN §1).
         self.op_policy: OperationPolicy = settings.operations.to_core()
         self.clock = clock
-        # A task's workflow and chain never change: remembering them lets a decision
-        # name the stop keys up front (one read round trip instead of two).
-        self._scopes: dict[str, tuple[str | None, str | None]] = {}
         self._tool_max_calls = {
             name: t.max_calls for name, t in settings.tools.items() if t.max_calls is not None
         }
@@ -79,6 +77,7 @@ class TaskService:
             settings.tasks.retention_s + settings.limits.deadline_s,
             metrics,
         )
+        self.scopes = TaskScopes(self.watch)
         self.records = Tasks(
             fingerprinter,
             self.watch,
@@ -111,30 +110,13 @@ class TaskService:
         limits = core.resolve_limits(s.limits.to_core(), self._tool_max_calls, layer, override)
         return limits, allowed
 
-    def _stop_keys(self, ns: str, task_id: str) -> list[str]:
-        """The stop keys of a task seen before by this process (else none: read lazily)."""
-        if (scope := self._scopes.get(f"{ns}:{task_id}")) is None:
-            return []
-        workflow, chain_id = scope
-        out = [keys.workflow_stop(workflow)] if workflow else []
-        return out + ([keys.chain_stop(ns, chain_id)] if chain_id else [])
-
-    def _watch_keys(self, ns: str, task_id: str) -> list[str]:
-        """The watch and totals keys of a task seen before by this process (else read lazily)."""
-        scope = self._scopes.get(f"{ns}:{task_id}")
-        return [] if scope is None else self.watch.keys(ns, task_id, scope[0])
-
     def _workflow_of(self, ns: str, task_id: str) -> str | None:
         """The task's workflow (it never changes): as this process saw it, else read."""
-        if (scope := self._scopes.get(f"{ns}:{task_id}")) is not None:
-            return scope[0]
+        known, workflow = self.scopes.workflow(ns, task_id)
+        if known:
+            return workflow
         found = self.records.decode(self.store.get(keys.task(ns, task_id)))
         return None if found is None else found.workflow
-
-    def _remember(self, ns: str, task: Task) -> None:
-        if len(self._scopes) > 10_000:
-            self._scopes.clear()
-        self._scopes[f"{ns}:{task.task_id}"] = (task.workflow, task.chain_id)
 
     def _stopped(self, txn: Txn, ns: str, task: Task) -> core.EndReason | None:
         return core.stopped_by(covering_stop(txn, ns, task.workflow, task.chain_id))
@@ -232,7 +214,7 @@ class TaskService:
             return task, True
 
         task, created = records.run(self.store, declared, step, now)
-        self._remember(ns, task)
+        self.scopes.remember(ns, task)
         return task, created
 
     def get(self, principal: Principal, ns: str, task_id: str) -> Task:
@@ -262,7 +244,7 @@ class TaskService:
         def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ModelOutcome]]:
             if unbudgeted is not None and core.money_bound_required(task):
                 raise ValidationFailed([unbudgeted])
-            self._remember(ns, task)
+            self.scopes.remember(ns, task)
             exceeded = self.watch.exceeded(txn, ns, task, tokens_used or 0)
             stopped = self._stopped(txn, ns, task) or self.watch.stop_reason(exceeded)
             new, out = core.admit_model_call(task, tokens_used, txn.now, stopped, reserve_cost)
@@ -272,7 +254,7 @@ class TaskService:
             return None, (new, out)
 
         # Likely the task as this process last wrote it: decided on that, checked.
-        watch = self._watch_keys(ns, task_id)
+        watch = self.scopes.watch_keys(ns, task_id)
         return self._update(principal, ns, task_id, step, watch, recent_likely=True)
 
     def watched(self, ns: str, task_id: str) -> dict[str, Any]:
@@ -346,13 +328,7 @@ class TaskService:
             self._save(txn, ns, task, new, execution_id, exceeded)
             return None, new
 
-        return self._update(
-            principal,
-            ns,
-            task_id,
-            step,
-            [*self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)],
-        )
+        return self._update(principal, ns, task_id, step, self.scopes.all_keys(ns, task_id))
 
     def settle_model_call(
         self,
@@ -371,7 +347,7 @@ class TaskService:
             lambda task, txn: _same(
                 core.settle_model_call(task, reserved_cost, actual_cost, tokens, txn.now)
             ),
-            self._stop_keys(ns, task_id),
+            self.scopes.stop_keys(ns, task_id),
         )
 
     def tool_call(
@@ -412,7 +388,7 @@ class TaskService:
         open_count = self.operations.open_count(ns, workflow) if writes else 0
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, tuple[Task, ToolOutcome]]:
-            self._remember(ns, task)
+            self.scopes.remember(ns, task)
             before, counted = task, list[Any]()
             if body.tokens:  # the proposing turn's tokens first, as record_tokens
                 task, counted = self.watch.with_tokens(txn, ns, task, body.tokens)
@@ -458,7 +434,7 @@ class TaskService:
             ns,
             task_id,
             step,
-            [*self._stop_keys(ns, task_id), *self._watch_keys(ns, task_id)],
+            self.scopes.all_keys(ns, task_id),
             recent_likely=True,
         )
         if writes and out.decision is ToolDecision.EXECUTE:
