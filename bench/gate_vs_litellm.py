@@ -205,17 +205,20 @@ def _litellm(folder: str, upstream: str) -> Iterator[str | None]:
 
 
 class Target:
-    """One way to send a turn: ``send(api, body) -> status``, and a task maker."""
+    """One way to send a turn: ``send(api, body) -> status``, and a task maker;
+    ``trips()``, when given, counts the store round trips made so far."""
 
     def __init__(
         self,
         name: str,
         send: Callable[[str, dict[str, Any]], int],
         new_task: Callable[[], str] | None,
+        trips: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.send = send
         self.new_task = new_task
+        self.trips = trips
         self.task_id = ""
 
 
@@ -276,7 +279,12 @@ def main() -> None:
             return str(answer["task"]["task_id"])
 
         direct = requests.Session()
-        targets = [Target("gate, in process", in_process, in_process_task)]
+
+        def in_process_trips() -> float:  # the app's own counter (no scrape)
+            registry = app.extensions["loopstop"].metrics.registry
+            return float(registry.get_sample_value("loopstop_store_round_trips_total") or 0.0)
+
+        targets = [Target("gate, in process", in_process, in_process_task, in_process_trips)]
         stack: list[Any] = []
         server = None
         if not args.no_serve:
@@ -335,12 +343,13 @@ def _run(
     )
     print(
         f"{'case':22} {'target':22} {'p50 ms':>7} {'added p50':>9} {'added p90':>9} "
-        f"{'vs LiteLLM':>10}"
+        f"{'vs LiteLLM':>10} {'trips/turn':>10}"
     )
     for api, mode in CASES:
         llm.mode = mode
         times: dict[str, list[float]] = {t.name: [] for t in targets}
         times["direct"] = []
+        trips = dict.fromkeys((t.name for t in targets), 0.0)
 
         def straight(api: str, body: dict[str, Any]) -> int:
             return direct.post(llm.base + PATHS[api], json=body, timeout=30).status_code
@@ -357,9 +366,13 @@ def _run(
             shift = i % len(sends)
             for name, send, target in sends[shift:] + sends[:shift]:
                 body = _body(api, target.task_id if target is not None else "t-direct")
+                meter = target.trips if target is not None and i >= WARM_UP else None
+                before = meter() if meter is not None else 0.0
                 t0 = time.perf_counter()
                 status = send(api, body)
                 elapsed = (time.perf_counter() - t0) * 1000
+                if meter is not None:
+                    trips[name] += meter() - before
                 if status != 200:
                     raise RuntimeError(f"{name} answered {status} ({api}, {mode})")
                 if i >= WARM_UP:
@@ -371,10 +384,11 @@ def _run(
         ref = statistics.median(added["LiteLLM proxy"]) if "LiteLLM proxy" in added else None
         for t in targets:
             mid = statistics.median(added[t.name])
-            ratio = f"{mid / ref:10.2f}" if ref else ""
+            ratio = f"{mid / ref:10.2f}" if ref else f"{'':10}"
+            per_turn = f" {trips[t.name] / args.turns:10.2f}" if t.trips is not None else ""
             print(
                 f"{'':22} {t.name:22} {statistics.median(times[t.name]):7.2f} {mid:9.2f} "
-                f"{_pct(added[t.name], 90):9.2f} {ratio}"
+                f"{_pct(added[t.name], 90):9.2f} {ratio}{per_turn}"
             )
     print("load average at end " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
