@@ -328,6 +328,31 @@ def main() -> None:
                 server.stop()
 
 
+#: In-process turns of a case whose function calls are counted (:func:`_calls_per_turn`).
+CALLS_TURNS = 40
+
+
+def _calls_per_turn(target: Target, api: str, turns: int) -> float:
+    """Function calls (Python and C, as :mod:`cProfile` counts them) per turn of
+    ``target``, each of a task of its own: a figure the machine's load cannot move."""
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call" or event == "c_call":
+            calls += 1
+
+    task_id = target.new_task() if target.new_task is not None else target.task_id
+    for _ in range(turns):
+        body = _body(api, task_id)
+        sys.setprofile(count)
+        try:
+            target.send(api, body)
+        finally:
+            sys.setprofile(None)
+    return calls / turns
+
+
 def _run(
     args: argparse.Namespace,
     llm: Any,
@@ -343,7 +368,7 @@ def _run(
     )
     print(
         f"{'case':22} {'target':22} {'p50 ms':>7} {'added p50':>9} {'added p90':>9} "
-        f"{'vs LiteLLM':>10} {'trips/turn':>10}"
+        f"{'vs LiteLLM':>10} {'trips/turn':>10} {'calls/turn':>10}"
     )
     for api, mode in CASES:
         llm.mode = mode
@@ -385,7 +410,10 @@ def _run(
         for t in targets:
             mid = statistics.median(added[t.name])
             ratio = f"{mid / ref:10.2f}" if ref else f"{'':10}"
-            per_turn = f" {trips[t.name] / args.turns:10.2f}" if t.trips is not None else ""
+            per_turn = ""
+            if t.trips is not None:  # in process: its store round trips and Python calls
+                calls = _calls_per_turn(t, api, CALLS_TURNS)
+                per_turn = f" {trips[t.name] / args.turns:10.2f} {calls:10.0f}"
             print(
                 f"{'':22} {t.name:22} {statistics.median(times[t.name]):7.2f} {mid:9.2f} "
                 f"{_pct(added[t.name], 90):9.2f} {ratio}{per_turn}"
