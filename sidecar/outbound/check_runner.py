@@ -59,7 +59,13 @@ from sidecar.config_sections import (
 )
 from sidecar.core.check_verdicts import CheckReason, CheckResult, combine
 from sidecar.errors import ChecksBusy
-from sidecar.outbound.bounded_read import BodyBroken, BodyTooLarge, BodyTooSlow, read_body
+from sidecar.outbound.bounded_read import (
+    BodyBroken,
+    BodyTooLarge,
+    BodyTooSlow,
+    read_body,
+    send_unread,
+)
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
@@ -137,13 +143,12 @@ def run_http(
     started = time.perf_counter()
     deadline = started + cfg.timeout_s
     try:
-        with session.request(
+        with send_unread(
+            session,
             cfg.method,
             url,
-            headers=_env_headers(cfg, environ),
-            allow_redirects=False,
-            timeout=(min(cfg.timeout_s, 3.0), cfg.timeout_s),
-            stream=True,
+            _env_headers(cfg, environ),
+            (min(cfg.timeout_s, 3.0), cfg.timeout_s),
         ) as resp:
             status = resp.status_code
             raw = read_body(resp, deadline, MAX_RESPONSE_BYTES, time.perf_counter)

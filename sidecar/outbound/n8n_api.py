@@ -50,7 +50,13 @@ from urllib.parse import quote
 
 import requests
 
-from sidecar.outbound.bounded_read import BodyBroken, BodyTooLarge, BodyTooSlow, read_body
+from sidecar.outbound.bounded_read import (
+    BodyBroken,
+    BodyTooLarge,
+    BodyTooSlow,
+    read_body,
+    send_unread,
+)
 from sidecar.urls import redact_url
 
 #: How many pages of executions one listing reads at most (250 per page).
@@ -153,14 +159,13 @@ class N8nClient:
         if left <= 0:
             raise N8nError("timeout", "no time left to ask n8n (the stop's deadline passed)")
         try:
-            resp = self.session.request(
+            resp = send_unread(  # the body is read below, under the same deadline
+                self.session,
                 method,
                 self.base + path,
+                {"X-N8N-API-KEY": self.key, "Accept": "application/json"},
+                left,
                 params=params,
-                headers={"X-N8N-API-KEY": self.key, "Accept": "application/json"},
-                timeout=left,
-                allow_redirects=False,
-                stream=True,  # the body is read below, under the same deadline
             )
             with resp:
                 raw = read_body(resp, until, MAX_BODY_BYTES, self.monotonic)

@@ -21,16 +21,21 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import unquote_plus
 
 import requests
 import sseclient
-from requests.hooks import dispatch_hook
 
 from sidecar.errors import GateNotConfigured, UpstreamError
 from sidecar.gate.wire.base import OPENAI, Api, Frame, Framing, Inbound, StreamBroken, WireAdapter
-from sidecar.outbound.bounded_read import BodyBroken, BodyTooLarge, BodyTooSlow, body_chunks
+from sidecar.outbound.bounded_read import (
+    BodyBroken,
+    BodyTooLarge,
+    BodyTooSlow,
+    body_chunks,
+    send_unread,
+)
 
 #: The longest the TCP connect may take (of ``timeout_s``).
 CONNECT_S = 5.0
@@ -220,53 +225,6 @@ class Upstream:
             out[api.key_header] = api.key_prefix + self.api_key
         return out
 
-    def _send(
-        self,
-        method: str,
-        url: str,
-        headers: Mapping[str, str],
-        timeout: tuple[float, float],
-        *,
-        data: bytes | None = None,
-        json: Any = None,
-    ) -> requests.Response:
-        """Send one request through the session's transport adapter
-        (``HTTPAdapter.send``, requests' Transport Adapter interface), its body
-        left to read (``stream``), no redirect followed.
-
-        It is what ``Session.request`` sends, the session's default headers,
-        TLS settings and response hooks included, without the per-request
-        merging the gate has no use for: its session takes nothing from the
-        environment (``trust_env`` is off) and keeps no cookie an upstream
-        sets (one caller's turn must not carry them into another's). That
-        merging cost about 300 us of CPU per turn.
-
-        :param timeout: ``(connect, read)`` seconds.
-        :raises requests.RequestException: as ``Session.request`` raises it.
-        """
-        session = self.session
-        prepared = requests.PreparedRequest()
-        prepared.prepare(
-            method=method, url=url, headers={**session.headers, **headers}, data=data, json=json
-        )
-        verify = True if session.verify is None else session.verify
-        cert, proxies = session.cert, session.proxies
-        resp = session.get_adapter(url).send(
-            prepared, stream=True, timeout=timeout, verify=verify, cert=cert, proxies=proxies
-        )
-        # The session's response hooks, as Session.send runs them.
-        hooked = dispatch_hook(  # type: ignore[no-untyped-call]
-            "response",
-            session.hooks,
-            resp,
-            stream=True,
-            timeout=timeout,
-            verify=verify,
-            cert=cert,
-            proxies=proxies,
-        )
-        return cast(requests.Response, hooked)
-
     def post(
         self,
         adapter: WireAdapter,
@@ -282,8 +240,10 @@ class Upstream:
             sent as they are instead of serialising ``payload`` again.
 
         :raises GateNotConfigured: no upstream is configured.
-        :raises UpstreamError: unreachable (502), timed out (504), or an error
-            status (relayed with its status; its body when it is the API's error).
+        :raises UpstreamError: unreachable (502), timed out (504), an error
+            status (relayed with its status; its body when it is the API's
+            error), or a status that is neither an answer nor an error (a
+            redirect: 502, ``bad_upstream_response``).
         """
         if inbound is None:
             inbound = Inbound(adapter.path)
@@ -295,7 +255,8 @@ class Upstream:
             sent = {"data": raw}
             accept["Content-Type"] = "application/json"
         try:
-            resp = self._send(
+            resp = send_unread(
+                self.session,
                 "POST",
                 url,
                 {**self._headers(inbound), **accept},
@@ -325,6 +286,14 @@ class Upstream:
             raise UpstreamError(
                 resp.status_code, adapter.upstream_error_body(resp.status_code, answer)
             )
+        if not 200 <= resp.status_code < 300:  # a redirect (never followed): no answer
+            exchange.close()
+            message = f"the upstream model answered {resp.status_code}, not an answer"
+            raise UpstreamError(
+                502,
+                adapter.error_body(message, "bad_upstream_response"),
+                reason="bad_upstream_response",
+            )
         return exchange
 
     def get_json(self, adapter: WireAdapter, path: str, inbound: Inbound | None = None) -> Any:
@@ -337,7 +306,9 @@ class Upstream:
         url = self.url(path, inbound.query if inbound is not None else "")
         read_s = min(self.timeout_s, LIST_READ_S)
         try:
-            resp = self._send("GET", url, self._headers(inbound), (LIST_CONNECT_S, read_s))
+            resp = send_unread(
+                self.session, "GET", url, self._headers(inbound), (LIST_CONNECT_S, read_s)
+            )
         except requests.RequestException:
             raise UpstreamError(
                 502,

@@ -23,7 +23,7 @@ class TaskScopes:
 
     def remember(self, ns: str, task: Task) -> None:
         """Keep ``task``'s workflow and chain."""
-        if len(self._scopes) > SCOPES_KEPT:
+        if len(self._scopes) >= SCOPES_KEPT:
             self._scopes.clear()
         self._scopes[f"{ns}:{task.task_id}"] = (task.workflow, task.chain_id)
 

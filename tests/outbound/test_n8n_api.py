@@ -98,3 +98,31 @@ def test_a_stop_whose_n8n_stalls_holds_and_says_why_cancellation_failed(
     assert status == 200 and out["stopped"] is not None, out
     assert out["cancellation"]["state"] == "failed"
     assert out["cancellation"]["error"].startswith("timeout"), out["cancellation"]
+
+
+class _DrippingRedirect(JsonHandler):
+    """A 302 whose body never ends (a byte every 0.1 s)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", "http://127.0.0.1:1/elsewhere")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for _ in range(100):
+                self.wfile.write(b"1\r\nx\r\n")
+                self.wfile.flush()
+                time.sleep(0.1)
+
+
+def test_a_redirect_s_body_is_read_under_the_deadline_too() -> None:
+    """A 3xx answer's body is read as any other, bounded by the call's deadline
+    (requests' own redirect handling would read it whole, however long it drips)."""
+    with running(_DrippingRedirect) as base:
+        started = time.monotonic()
+        with pytest.raises(N8nError) as caught:
+            _client(base + "/api/v1").ping()
+    assert caught.value.reason == "timeout"
+    assert time.monotonic() - started < 0.5 + 1

@@ -144,3 +144,41 @@ def test_a_cookie_an_upstream_sets_is_never_sent_with_a_later_turn() -> None:
             assert exchange.read_all(OPENAI_CHAT) == b'{"ok": true}'
     assert cookies == [None, None]
     assert not upstream.session.cookies
+
+
+def test_a_redirect_is_no_answer_and_is_never_followed() -> None:
+    """A 3xx is neither an answer nor an error of the model: a 502 naming
+    ``bad_upstream_response``; its Location is never asked."""
+    asked: list[str] = []
+
+    class Elsewhere(JsonHandler):
+        def do_POST(self) -> None:
+            asked.append(self.path)
+            self._json(200, {"choices": []})
+
+    with running(Elsewhere) as target:
+
+        class Redirecting(JsonHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = b'{"choices": [{"message": {"content": "not from the model"}}]}'
+                self.send_response(302)
+                self.send_header("Location", target + "/v1/chat/completions")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        with running(Redirecting) as base, pytest.raises(UpstreamError) as caught:
+            _upstream(base).post(OPENAI_CHAT, {"messages": []}, False)
+    assert caught.value.status == 502 and caught.value.reason == "bad_upstream_response"
+    assert asked == []
+
+
+def test_a_base_url_is_used_as_requests_prepares_it() -> None:
+    """Surrounding whitespace in a configured base URL is dropped, as it always was."""
+    with running(_server(200, "application/json", [b'{"ok": true}'])) as base:
+        exchange = _upstream(" " + base).post(OPENAI_CHAT, {"messages": []}, False)
+        assert exchange.read_all(OPENAI_CHAT) == b'{"ok": true}'
