@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +24,24 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         self.wfile.write(raw)
+
+
+class DrippingRedirect(JsonHandler):
+    """A 302 whose body never ends: a byte every 0.1 s for 10 s (a body no
+    caller may wait for)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", "http://127.0.0.1:1/elsewhere")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for _ in range(100):
+                self.wfile.write(b"1\r\nx\r\n")
+                self.wfile.flush()
+                time.sleep(0.1)
 
 
 class _Quiet(ThreadingHTTPServer):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 from fake_n8n import FakeExecution, FakeN8n, FakeN8nServer
-from local_http import JsonHandler, running
+from local_http import DrippingRedirect, JsonHandler, running
 
 from conftest import ADMIN_TOKEN, Api, AppFactory
 from sidecar.outbound.n8n_api import MAX_BODY_BYTES, N8nClient, N8nError
@@ -100,27 +100,10 @@ def test_a_stop_whose_n8n_stalls_holds_and_says_why_cancellation_failed(
     assert out["cancellation"]["error"].startswith("timeout"), out["cancellation"]
 
 
-class _DrippingRedirect(JsonHandler):
-    """A 302 whose body never ends (a byte every 0.1 s)."""
-
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        self.send_response(302)
-        self.send_header("Location", "http://127.0.0.1:1/elsewhere")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        with contextlib.suppress(OSError):
-            for _ in range(100):
-                self.wfile.write(b"1\r\nx\r\n")
-                self.wfile.flush()
-                time.sleep(0.1)
-
-
 def test_a_redirect_s_body_is_read_under_the_deadline_too() -> None:
     """A 3xx answer's body is read as any other, bounded by the call's deadline
     (requests' own redirect handling would read it whole, however long it drips)."""
-    with running(_DrippingRedirect) as base:
+    with running(DrippingRedirect) as base:
         started = time.monotonic()
         with pytest.raises(N8nError) as caught:
             _client(base + "/api/v1").ping()
