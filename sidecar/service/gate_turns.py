@@ -3,6 +3,7 @@ record of the turn, the answer, and the request being served."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ class Turn:
     counted: bool = False
     #: tokens counted, left to the first call's admission to store (0: none)
     tokens_due: int = 0
+    #: the id its settle is applied under (once, however often it is retried)
+    settle_id: str = field(default_factory=lambda: "g" + secrets.token_hex(8))
 
 
 class KnownTasks:

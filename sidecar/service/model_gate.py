@@ -361,16 +361,20 @@ class ModelGate:
         if turn.price is None and proposals and not self.writes.tools:
             turn.tokens_due = tokens
             return
-        principal, ns, task_id = turn.principal, turn.ns, turn.task_id
+        principal, ns, task_id, once = turn.principal, turn.ns, turn.task_id, turn.settle_id
         if turn.price is None:
             if tokens:
-                self.money.settle(lambda: self.tasks.record_tokens(principal, ns, task_id, tokens))
+                self.money.settle(
+                    lambda: self.tasks.record_tokens(principal, ns, task_id, tokens, turn_id=once)
+                )
             return
         spent = cost.settled_cost(turn.price, turn.reserved, usage.split, answered=answered)
         turn.record.cost = spent
         reserved = turn.reserved
         task = self.money.settle(
-            lambda: self.tasks.settle_model_call(principal, ns, task_id, reserved, spent, tokens)
+            lambda: self.tasks.settle_model_call(
+                principal, ns, task_id, reserved, spent, tokens, turn_id=once
+            )
         )
         over = None if task is None or task.envelope is None else task.envelope.used
         if over is not None and "cost_overshoot" in over:
@@ -381,8 +385,10 @@ class ModelGate:
         call reached a transaction, or its transaction failed)."""
         tokens, turn.tokens_due = turn.tokens_due, 0
         if tokens and turn.ns is not None and turn.task_id is not None:
-            principal, ns, task_id = turn.principal, turn.ns, turn.task_id
-            self.money.settle(lambda: self.tasks.record_tokens(principal, ns, task_id, tokens))
+            principal, ns, task_id, once = turn.principal, turn.ns, turn.task_id, turn.settle_id
+            self.money.settle(
+                lambda: self.tasks.record_tokens(principal, ns, task_id, tokens, turn_id=once)
+            )
 
     def _decide_counted(
         self, turn: Turn, calls: list[Proposal], usage: Usage, estimate: int

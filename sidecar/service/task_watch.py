@@ -111,12 +111,12 @@ class TaskWatch:
         return core.EndReason.OUTLIER if exceeded and self.policy.action == "stop" else None
 
     def with_tokens(
-        self, txn: Txn, ns: str, task: Task, tokens: int
+        self, txn: Txn, ns: str, task: Task, tokens: int, turn_id: str | None = None
     ) -> tuple[Task, list[outliers.Exceeded]]:
-        """``task`` with a model turn's ``tokens`` added, and the measures on which
-        that makes it an outlier (ended ``stopped``, ``outlier`` under
-        ``outliers.action: stop``)."""
-        new = core.record_tokens(task, tokens, txn.now)
+        """``task`` with a model turn's ``tokens`` added (once per ``turn_id``),
+        and the measures on which that makes it an outlier (ended ``stopped``,
+        ``outlier`` under ``outliers.action: stop``)."""
+        new = core.record_tokens(task, tokens, txn.now, turn_id)
         exceeded = self.exceeded(txn, ns, new)
         if exceeded and self.policy.action is OutlierAction.STOP:
             new = core.end(new, core.EndReason.OUTLIER, txn.now)

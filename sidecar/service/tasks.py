@@ -316,15 +316,19 @@ class TaskService:
         task_id: str,
         tokens: int,
         execution_id: str | None = None,
+        turn_id: str | None = None,
     ) -> Task:
         """Add the tokens a model turn used (reported by the upstream after the turn).
 
         A task these tokens make an outlier is flagged (and, with
         ``outliers.action: stop``, ended ``stopped``, ``outlier``).
+
+        :param turn_id: the turn's id: its tokens are added once, however often
+            this is applied (:func:`core.record_tokens`).
         """
 
         def step(task: Task, txn: Txn) -> tuple[Task | None, Task]:
-            new, exceeded = self.watch.with_tokens(txn, ns, task, tokens)
+            new, exceeded = self.watch.with_tokens(txn, ns, task, tokens, turn_id)
             self._save(txn, ns, task, new, execution_id, exceeded)
             return None, new
 
@@ -338,14 +342,16 @@ class TaskService:
         reserved_cost: float,
         actual_cost: float,
         tokens: int,
+        turn_id: str | None = None,
     ) -> Task:
-        """Settle a model turn: release its reservation, add its real cost and tokens."""
+        """Settle a model turn: release its reservation, add its real cost and
+        tokens, once per ``turn_id`` (:func:`core.settle_model_call`)."""
         return self._update(
             principal,
             ns,
             task_id,
             lambda task, txn: _same(
-                core.settle_model_call(task, reserved_cost, actual_cost, tokens, txn.now)
+                core.settle_model_call(task, reserved_cost, actual_cost, tokens, txn.now, turn_id)
             ),
             self.scopes.stop_keys(ns, task_id),
         )

@@ -41,6 +41,7 @@ from sidecar.core.tasks import (
     ToolDecision,
     ToolResult,
 )
+from sidecar.core.tasks import state as core_state
 from sidecar.errors import NotFound, StateConflict, TooManyOpen
 
 NOW = 1_800_000_000.0
@@ -958,6 +959,35 @@ def test_reservations_never_overspend_together_and_settle_exactly() -> None:
         agent.task = core.settle_model_call(agent.task, 0.1, 0.1, 7, NOW)
     used = agent.task.used
     assert (used.reserved_micros, used.cost_micros, used.cost, used.tokens) == (0, 300_000, 0.3, 21)
+
+
+def test_a_turn_settled_again_under_its_id_is_settled_once() -> None:
+    """A settle the store may have applied is applied again later (the gate
+    keeps it while the store refuses): under the turn's id, the second changes
+    nothing; another turn's settles still count."""
+    agent = Agent(L(max_cost=1.0, max_model_calls=100))
+    for _ in range(2):
+        assert agent.model(reserve=0.2).admitted
+    for _ in range(2):
+        agent.task = core.settle_model_call(agent.task, 0.2, 0.1, 7, NOW, turn_id="g1")
+    agent.task = core.settle_model_call(agent.task, 0.2, 0.1, 7, NOW, turn_id="g2")
+    used = agent.task.used
+    assert (used.reserved_micros, used.cost_micros, used.tokens) == (0, 200_000, 14)
+    for _ in range(2):
+        agent.task = core.record_tokens(agent.task, 5, NOW, turn_id="g3")
+    assert agent.task.used.tokens == 19
+    assert agent.task.settled_turns == ("g1", "g2", "g3")
+
+
+def test_a_task_remembers_its_last_settled_turns_only() -> None:
+    agent = Agent(L(max_tokens=10**9))
+    for n in range(core_state.SETTLED_TURNS + 5):
+        agent.task = core.record_tokens(agent.task, 1, NOW, turn_id=f"g{n}")
+    kept = agent.task.settled_turns
+    assert len(kept) == core_state.SETTLED_TURNS and kept[-1] == f"g{core_state.SETTLED_TURNS + 4}"
+    assert "g0" not in kept
+    again = core.Task.from_doc(agent.task.to_doc())
+    assert again is not None and again.settled_turns == kept  # stored with the task
 
 
 def test_a_spent_money_budget_denies_even_a_turn_without_reservation() -> None:

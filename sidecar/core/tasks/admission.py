@@ -76,6 +76,7 @@ from sidecar.core.tasks.outcomes import (
 from sidecar.core.tasks.state import (
     IDENTICAL_CALLS_KEPT,
     PRINT_DIGITS,
+    SETTLED_TURNS,
     CallKind,
     CallRecord,
     CallStatus,
@@ -135,7 +136,12 @@ def admit_model_call(
 
 
 def settle_model_call(
-    task: Task, reserved_cost: float, actual_cost: float, tokens: int, now: float
+    task: Task,
+    reserved_cost: float,
+    actual_cost: float,
+    tokens: int,
+    now: float,
+    turn_id: str | None = None,
 ) -> Task:
     """A model turn's real usage: releases its reservation, adds its cost and
     tokens, and applies to an ended task too: money spent is a fact.
@@ -145,7 +151,13 @@ def settle_model_call(
     turn, ``partial``, ``cost_budget``, its envelope's ``used`` naming the
     ``cost_overshoot`` (an envelope that was already there gets it too): the
     budget is never passed unseen. Other budgets end at the next admission.
+
+    :param turn_id: the turn's id: a turn settled already (among the task's
+        last :data:`SETTLED_TURNS`) is not settled again. None: no id kept.
     """
+    if turn_id is not None and turn_id in task.settled_turns:
+        return task
+    task = _settled(task, turn_id)
     used = task.used
     release = min(to_micros(reserved_cost), used.reserved_micros)
     used = evolve(
@@ -164,12 +176,24 @@ def settle_model_call(
     return evolve(task, envelope=envelope)
 
 
-def record_tokens(task: Task, tokens: int, now: float) -> Task:
+def record_tokens(task: Task, tokens: int, now: float, turn_id: str | None = None) -> Task:
     """Add the tokens a model turn reported after it. Crossing the budget ends
-    nothing here: the next admission does."""
-    if tokens <= 0:
+    nothing here: the next admission does.
+
+    :param turn_id: as for :func:`settle_model_call`: a turn recorded already
+        is not recorded again.
+    """
+    if tokens <= 0 or (turn_id is not None and turn_id in task.settled_turns):
         return task
+    task = _settled(task, turn_id)
     return evolve(task, used=evolve(task.used, tokens=task.used.tokens + tokens), updated_at=now)
+
+
+def _settled(task: Task, turn_id: str | None) -> Task:
+    """``task`` remembering ``turn_id`` as settled (its last :data:`SETTLED_TURNS`)."""
+    if turn_id is None:
+        return task
+    return evolve(task, settled_turns=(*task.settled_turns, turn_id)[-SETTLED_TURNS:])
 
 
 # -- tool calls -----------------------------------------------------------------

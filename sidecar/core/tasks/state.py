@@ -25,6 +25,10 @@ CALL_HISTORY = 200
 #: oldest; a task that progresses drops lower revisions' keys anyway.
 IDENTICAL_CALLS_KEPT = 500
 
+#: How many settled model turns a task remembers by id (a settle the store
+#: may have applied is applied again later, before the turns that follow it).
+SETTLED_TURNS = 64
+
 #: Fingerprint digits kept in a task's history (64 bits: distinct calls of one
 #: task never collide in practice, and the task document stays small).
 PRINT_DIGITS = 16
@@ -253,6 +257,9 @@ class Task:
     :ivar exchanges: the exchanges the model gate answered itself (a write
         already committed or being written, DESIGN §5.1), as
         :class:`sidecar.core.gate_writes.KeptExchange` documents, oldest first.
+    :ivar settled_turns: the ids of the model turns settled last (at most
+        :data:`SETTLED_TURNS`), oldest first: a settle applied again is
+        applied once.
     """
 
     task_id: str
@@ -280,6 +287,7 @@ class Task:
     resumes: tuple[Mapping[str, Any], ...] = ()
     activations: int = 1
     exchanges: tuple[Mapping[str, Any], ...] = ()
+    settled_turns: tuple[str, ...] = ()
 
     @property
     def status(self) -> TaskStatus:
@@ -318,7 +326,7 @@ class Task:
         doc["used"] = self.used.to_doc()
         doc["calls"] = list(self.calls)
         doc["identical_calls"] = dict(self.identical_calls)
-        for name in ("results_seen", "operations", "resumes", "exchanges"):
+        for name in ("results_seen", "operations", "resumes", "exchanges", "settled_turns"):
             doc[name] = list(getattr(self, name))
         doc["allowed_tools"] = None if self.allowed_tools is None else list(self.allowed_tools)
         doc["envelope"] = None if self.envelope is None else self.envelope.to_doc()
@@ -335,7 +343,7 @@ class Task:
         d["calls"] = tuple(d.get("calls", ()))
         d["identical_calls"] = dict(d.get("identical_calls") or {})
         d["validated_revision"] = int(d.get("validated_revision") or 0)
-        for name in ("results_seen", "operations", "resumes", "exchanges"):
+        for name in ("results_seen", "operations", "resumes", "exchanges", "settled_turns"):
             d[name] = tuple(d.get(name, ()))
         if d.get("allowed_tools") is not None:
             d["allowed_tools"] = tuple(d["allowed_tools"])

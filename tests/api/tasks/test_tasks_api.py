@@ -419,6 +419,26 @@ def test_money_budget_reserves_then_settles_and_never_overspends(make_app: AppFa
     REACHED.add("cost_budget")
 
 
+@pytest.mark.all_stores
+def test_a_settle_applied_again_under_its_turn_id_counts_once(make_app: AppFactory) -> None:
+    """The gate keeps a settle the store refused and applies it later; if the
+    refused one had landed after all, the second changes nothing."""
+    app = make_app(limits={"max_cost": 1.0})
+    a = Agent(Api(app.test_client()))
+    tasks = app.extensions["loopstop"].tasks
+    with app.test_request_context():
+        from sidecar.auth import Principal
+
+        who = Principal("n8n", None, False)
+        assert tasks.model_call(who, "p", a.id, None, reserve_cost=0.4)[1].admitted
+        for _ in range(2):
+            task = tasks.settle_model_call(who, "p", a.id, 0.4, 0.1, 120, turn_id="g-1")
+            assert (task.used.cost, task.used.reserved_cost, task.used.tokens) == (0.1, 0.0, 120)
+        for _ in range(2):
+            task = tasks.record_tokens(who, "p", a.id, 30, turn_id="g-2")
+            assert task.used.tokens == 150
+
+
 def test_loosening_the_money_budget_needs_an_admin(make_app: AppFactory) -> None:
     api = Api(
         make_app(
