@@ -29,14 +29,14 @@ commit (:meth:`Txn.increment`) and read without being compared
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.core import operations as ops_core
 from sidecar.core.chains import Chain, Effect, Link, RateLog, Seen
-from sidecar.core.frozen import evolve
+from sidecar.core.frozen import evolve, shallow_doc
 from sidecar.core.lineage import Lineage
 from sidecar.core.operations import OPEN_STATES, Operation, OperationPolicy
 from sidecar.core.outliers import Exceeded
@@ -266,22 +266,9 @@ class Plain(Mapper[R], Generic[R]):
         return Write(self._encode(record), self._ttl_s(record, txn.now))
 
 
-def _fields(record: Any) -> dict[str, Any]:
-    """A flat record (every field a JSON scalar) as its document: what
-    :func:`dataclasses.asdict` makes of it, without its deep copy."""
-    names = _FIELD_NAMES.get(type(record))
-    if names is None:
-        names = _FIELD_NAMES[type(record)] = tuple(f.name for f in fields(record))
-    return {name: getattr(record, name) for name in names}
-
-
-#: A record type's field names, in order (learned at its first save).
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
 #: Sticky stops of a workflow or a chain; no TTL of their own (a chain stop is
 #: saved with its chain's life by :func:`chain_stop`).
-STOPS: Plain[Stop] = Plain(lambda d: Stop(**d), _fields, lambda _s, _now: None)
+STOPS: Plain[Stop] = Plain(lambda d: Stop(**d), shallow_doc, lambda _s, _now: None)
 
 #: A workflow's effect under one target key, kept until it expires.
 EFFECTS: Plain[Effect] = Plain(
@@ -290,18 +277,18 @@ EFFECTS: Plain[Effect] = Plain(
 
 #: The chain the last effect on a target belongs to, kept as long as that effect.
 LINKS: Plain[Link] = Plain(
-    lambda d: Link(**d), _fields, lambda lk, now: ttl_until(lk.expires_at, now)
+    lambda d: Link(**d), shallow_doc, lambda lk, now: ttl_until(lk.expires_at, now)
 )
 
 
 def chain_stop(chain: Chain) -> Plain[Stop]:
     """The stop mapper for ``chain``'s stop: kept as long as the chain lives."""
-    return Plain(lambda d: Stop(**d), _fields, lambda _s, now: ttl_until(chain.expires_at, now))
+    return Plain(lambda d: Stop(**d), shallow_doc, lambda _s, now: ttl_until(chain.expires_at, now))
 
 
 def window(ttl_s: float) -> Plain[Seen]:
     """The dedupe window of one event identity: the last content seen, for ``ttl_s``."""
-    return Plain(lambda d: Seen(**d), _fields, lambda _s, _now: ttl_s)
+    return Plain(lambda d: Seen(**d), shallow_doc, lambda _s, _now: ttl_s)
 
 
 def subject_rate(ttl_s: float) -> Plain[RateLog]:

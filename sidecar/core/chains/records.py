@@ -5,12 +5,13 @@ What each one holds, and how it reads from and writes to its document."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from sidecar.core import executions as n8n_executions
 from sidecar.core.executions import ExecutionMode
+from sidecar.core.frozen import shallow_doc
 
 #: How many recent activations a chain keeps for its timeline.
 RECENT_ACTIVATIONS = 50
@@ -106,7 +107,7 @@ class Chain:
 
     def to_doc(self) -> dict[str, Any]:
         """The stored document. Shallow: the entries of ``recent`` are shared."""
-        doc = {name: getattr(self, name) for name in _CHAIN_FIELDS}
+        doc = shallow_doc(self)
         doc["recent"] = list(self.recent)
         doc["executions"] = list(self.executions)
         return doc
@@ -134,10 +135,6 @@ class Chain:
         return self if remembered is None else replace(self, executions=remembered)
 
 
-#: A chain document's keys, in the order of the fields.
-_CHAIN_FIELDS = tuple(f.name for f in fields(Chain))
-
-
 @dataclass(frozen=True)
 class Effect:
     """What an execution wrote, keyed by the identities it has when it comes back.
@@ -159,7 +156,7 @@ class Effect:
         return now < self.expires_at
 
     def to_doc(self) -> dict[str, Any]:
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc = shallow_doc(self)
         doc["fields"] = dict(self.fields)
         return doc
 
