@@ -95,6 +95,18 @@ def judge(totals: Totals, used: Mapping[str, Any], policy: OutlierPolicy) -> lis
     return out
 
 
+def ends_task(exceeded: list[Exceeded], policy: OutlierPolicy) -> bool:
+    """Whether a task flagged on the ``exceeded`` measures ends (``action: stop``:
+    ``stopped``, ``outlier``)."""
+    return bool(exceeded) and policy.action is OutlierAction.STOP
+
+
+def wraps_up(exceeded: list[Exceeded], policy: OutlierPolicy) -> bool:
+    """Whether the model of a task flagged on the ``exceeded`` measures is asked
+    to conclude (``action: wrap_up``)."""
+    return bool(exceeded) and policy.action is OutlierAction.WRAP_UP
+
+
 def running_too_long(created_at: float, now: float, policy: OutlierPolicy) -> bool:
     """A running task older than ``running_s``."""
     return now - created_at > policy.running_s

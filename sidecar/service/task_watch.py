@@ -108,7 +108,7 @@ class TaskWatch:
 
     def stop_reason(self, exceeded: list[outliers.Exceeded]) -> core.EndReason | None:
         """``outliers.action: stop`` ends a flagged task ``stopped``, ``outlier``."""
-        return core.EndReason.OUTLIER if exceeded and self.policy.action == "stop" else None
+        return core.EndReason.OUTLIER if outliers.ends_task(exceeded, self.policy) else None
 
     def with_tokens(
         self, txn: Txn, ns: str, task: Task, tokens: int, turn_id: str | None = None
@@ -118,8 +118,9 @@ class TaskWatch:
         ``outlier`` under ``outliers.action: stop``)."""
         new = core.record_tokens(task, tokens, txn.now, turn_id)
         exceeded = self.exceeded(txn, ns, new)
-        if exceeded and self.policy.action is OutlierAction.STOP:
-            new = core.end(new, core.EndReason.OUTLIER, txn.now)
+        reason = self.stop_reason(exceeded)
+        if reason is not None:
+            new = core.end(new, reason, txn.now)
         return new, exceeded
 
     def plan(

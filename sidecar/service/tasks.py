@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sidecar.auth import Principal
 from sidecar.canonical import Fingerprinter
 from sidecar.config import Settings
+from sidecar.core import outliers
 from sidecar.core import tasks as core
 from sidecar.core.check_verdicts import CheckResult
 from sidecar.core.operations import BeginRequest, OperationPolicy
@@ -248,7 +249,7 @@ class TaskService:
             exceeded = self.watch.exceeded(txn, ns, task, tokens_used or 0)
             stopped = self._stopped(txn, ns, task) or self.watch.stop_reason(exceeded)
             new, out = core.admit_model_call(task, tokens_used, txn.now, stopped, reserve_cost)
-            if exceeded and out.admitted and self.watch.policy.action == "wrap_up":
+            if out.admitted and outliers.wraps_up(exceeded, self.watch.policy):
                 out = replace(out, wrap_up=True)
             self._save(txn, ns, task, new, execution_id, exceeded)
             return None, (new, out)

@@ -38,6 +38,21 @@ def test_a_measure_no_task_used_has_no_scale() -> None:
     assert outliers.judge(totals, {"tool_calls": 50}, OutlierPolicy()) == []
 
 
+def test_the_action_decides_what_a_flag_does() -> None:
+    """``stop`` ends a flagged task, ``wrap_up`` asks its model to conclude,
+    ``flag`` only marks it; nothing happens to a task flagged on no measure."""
+    flagged = [outliers.Exceeded("tokens", 600, 100.0, 500.0)]
+    for action, ends, wraps in (
+        ("stop", True, False),
+        ("wrap_up", False, True),
+        ("flag", False, False),
+    ):
+        policy = OutlierPolicy(action=OutlierAction(action))
+        assert outliers.ends_task(flagged, policy) is ends
+        assert outliers.wraps_up(flagged, policy) is wraps
+        assert not outliers.ends_task([], policy) and not outliers.wraps_up([], policy)
+
+
 def test_contribution_and_running_too_long() -> None:
     assert outliers.contribution({"tokens": 7, "model_calls": 2, "polls": 1}) == {
         "tasks": 1,
