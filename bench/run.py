@@ -244,7 +244,39 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(30)
 
 
-def wrk(base: str, scenario: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) used so far by process ``pid`` and every
+    process below it (gunicorn's master and its workers), from ``/proc``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[int, float] = {}
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a process that ended meanwhile
+        used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        children.setdefault(int(fields[1]), []).append(int(entry.name))  # by parent
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        total += used.get(current, 0.0)
+        stack += children.get(current, [])
+    return total
+
+
+def wrk(
+    base: str,
+    scenario: str,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    server: int | None = None,
+) -> dict[str, Any]:
+    """One wrk run of ``scenario``; with ``server`` (a pid), also the CPU
+    microseconds the server's processes spent per request (``cpu_us``)."""
+    cpu0 = tree_cpu_s(server) if server is not None else 0.0
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
     parts = (["tasks.lua"] if scenario in ON_TASKS else []) + [SCENARIOS[scenario], "report.lua"]
     script.write_text("\n".join((BENCH / name).read_text() for name in parts))
@@ -273,6 +305,8 @@ def wrk(base: str, scenario: str, args: argparse.Namespace, env: dict[str, str])
     line = next(x for x in out.stdout.splitlines() if x.startswith("BENCH "))
     figures: dict[str, Any] = json.loads(line.removeprefix("BENCH "))
     figures["per_s"] = figures["requests"] / figures["duration_s"]
+    if server is not None:
+        figures["cpu_us"] = (tree_cpu_s(server) - cpu0) / max(1, figures["requests"]) * 1e6
     return figures
 
 
@@ -403,16 +437,18 @@ def measure_sidecar(
     args: argparse.Namespace,
     env: dict[str, str],
     client: redis.Redis,
+    server: int | None = None,
 ) -> dict[str, Any]:
     """One wrk run of ``scenario`` against the sidecar at ``base``, with its round
-    trips and conflicts per decision (its own /metrics) and, on Redis, the
-    commands per decision (INFO commandstats)."""
+    trips and conflicts per decision (its own /metrics), on Redis the commands
+    per decision (INFO commandstats), and with ``server`` (its pid) its CPU
+    microseconds per request."""
     extra = {"BENCH_RUN": f"{name}{scenario[:3]}{time.monotonic_ns() % 10**6}"}
     if scenario.startswith(("tool", "model")):
         extra["BENCH_TASKS"] = make_tasks(base, 2 * args.connections)
         extra["BENCH_THREADS"] = str(args.threads)
     (decided0, trips0, conflicts0), calls0 = store_counts(base), redis_calls(client)
-    figures = wrk(base, scenario, args, {**env, **extra})
+    figures = wrk(base, scenario, args, {**env, **extra}, server)
     if name in ("redis", "postgres"):
         time.sleep(1)  # let the requests wrk left in flight finish
         decided, trips, conflicts = store_counts(base)
@@ -442,10 +478,15 @@ def vs_floor_rounds(
     side (the floor on its own Redis database), and each route driven ``N`` times
     against each in turn (floor first in odd rounds, sidecar first in even ones), so
     a drift of the machine (other work, a neighbour's steal) falls on both alike.
-    Prints each round's ratio and their median per route."""
+    Prints each round's ratio and their median per route, and beside them the
+    CPU microseconds the servers' processes (gunicorn's master and workers)
+    spent per request, floor / sidecar, and their ratio (the median of the
+    rounds'): a figure the machine's other load moves far less than a
+    throughput, as long as both sides are CPU-bound."""
     print(
         f"{'store':<10} {'route':<18} {'floor /s':>9} {'sidecar /s':>11} {'p99 ms':>8} "
-        f"{'vs floor':>9} {'rounds':>24} {'RTT/dec':>8} {'cmds/dec':>9} {'non-2xx':>8}"
+        f"{'vs floor':>9} {'rounds':>24} {'CPU us/req':>13} {'ratio':>5} "
+        f"{'RTT/dec':>8} {'cmds/dec':>9} {'non-2xx':>8}"
     )
     for name, url in store_urls.items():
         floor_url = (
@@ -472,15 +513,20 @@ def vs_floor_rounds(
                     order = ["floor", "sidecar"] if r % 2 == 0 else ["sidecar", "floor"]
                     for side in order:
                         if side == "floor":
-                            floors.append(wrk(floor_base, scenario, args, floor_env))
+                            floors.append(wrk(floor_base, scenario, args, floor_env, floor.pid))
                         else:
                             sidecars.append(
-                                measure_sidecar(name, base, scenario, args, env, client)
+                                measure_sidecar(name, base, scenario, args, env, client, proc.pid)
                             )
                 ratios = sorted(
                     s["per_s"] / f["per_s"] for s, f in zip(sidecars, floors, strict=True)
                 )
                 median = statistics.median(ratios)
+                cpu = statistics.median(
+                    f["cpu_us"] / s["cpu_us"] for s, f in zip(sidecars, floors, strict=True)
+                )
+                cpu_floor = statistics.median(f["cpu_us"] for f in floors)
+                cpu_side = statistics.median(s["cpu_us"] for s in sidecars)
                 mid = sorted(sidecars, key=lambda f: f["per_s"])[len(sidecars) // 2]
                 floor_mid = sorted(floors, key=lambda f: f["per_s"])[len(floors) // 2]
                 rtt, cmds = per_decision(mid)
@@ -489,7 +535,8 @@ def vs_floor_rounds(
                 print(
                     f"{name:<10} {scenario:<18} {floor_mid['per_s']:>9.0f} "
                     f"{mid['per_s']:>11.0f} {mid['p99_ms']:>8.2f} {median:>9.2f} "
-                    f"{each:>24} {rtt:>8} {cmds:>9} {failed:>8}",
+                    f"{each:>24} {cpu_floor:>6.0f} /{cpu_side:>5.0f} {cpu:>5.2f} "
+                    f"{rtt:>8} {cmds:>9} {failed:>8}",
                     flush=True,
                 )
         finally:
