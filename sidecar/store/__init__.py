@@ -11,7 +11,6 @@ from urllib.parse import urlparse
 from sidecar.errors import ConfigError
 from sidecar.store.base import (
     SCHEMA_VERSION,
-    Bound,
     Compactable,
     Doc,
     Increment,
@@ -29,7 +28,6 @@ from sidecar.store.sqlite import sqlite_path
 __all__ = [
     "SCHEMA_VERSION",
     "SCHEMES",
-    "Bound",
     "Compactable",
     "Doc",
     "Increment",

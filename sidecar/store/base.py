@@ -49,7 +49,6 @@ from urllib.parse import parse_qs, urlparse
 
 from sidecar.errors import ConfigError, SchemaMismatch, StoreUnavailable
 from sidecar.store.plan import (
-    Bound,
     Doc,
     Increment,
     IndexEntry,
@@ -65,7 +64,6 @@ from sidecar.store.plan import (
 __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
-    "Bound",
     "Compactable",
     "Doc",
     "Increment",
@@ -223,10 +221,7 @@ class Store(abc.ABC):
       process last read or wrote for the keys (Redis and PostgreSQL keep a
       bounded map of them); a commit after its begin, a result after its
       call. A guess is compared whole, the keys a plan leaves unchecked
-      included, except those a :class:`Bound` of the plan covers: those are
-      checked against it. Both hints together: the values last seen where
-      this process knows them, absent elsewhere (a trigger's activation: a
-      new event, and counters other decisions move).
+      included.
     - :attr:`Plan.increments`: counters that many decisions share (a
       workflow's rate) are added at commit and never compared, so
       concurrent decisions do not conflict on them.
@@ -312,8 +307,7 @@ class Store(abc.ABC):
         this process last read or wrote there (a commit after its begin, a
         tool call's result after its admission). A store may then decide on
         those values without reading and let its compare check them, with
-        the same guarantees as ``absent_likely``. Given both, a key this
-        process knows is guessed as last seen, any other as absent.
+        the same guarantees as ``absent_likely``.
 
         :returns: ``plan.result``.
         :raises StoreUnavailable: on a driver error or persistent contention.

@@ -18,11 +18,6 @@
 --                 An increment adds delta to the number at field of the JSON
 --                 document at KEYS[key_pos] (after the indexes; never
 --                 compared), creating {field: delta} when the key is absent.
---                 Optional "b": [[[[doc_i, weight], ...], field, below | null,
---                 at_least | null], ...]: bounds on documents compared by
---                 them, not whole: the sum of weight * the number at field of
---                 each (0 when absent or not a number) below "below" and at
---                 least "at_least"; one that fails counts as a change.
 -- ARGV[n+3..]     the new documents, each a JSON string: kept apart from the
 --                 plan so the script never decodes them.
 -- Returns 1 when the plan was applied. When any document changed since it
@@ -39,52 +34,21 @@ local function put(key, value, ttl_ms)
   end
 end
 
--- The weighted sum a bound (plan "b") is checked against.
-local function bounded_sum(bound, now)
-  local total = 0
-  for _, kw in ipairs(bound[1]) do
-    local raw = now[kw[1]]
-    if raw then
-      local ok, doc = pcall(cjson.decode, raw)
-      if ok and type(doc) == 'table' then
-        total = total + kw[2] * (tonumber(doc[bound[2]]) or 0)
-      end
-    end
-  end
-  return total
-end
-
 local n = tonumber(ARGV[1])
-local plan = cjson.decode(ARGV[n + 2])
 -- Every compared document in one MGET (one command, however many there are).
 if n > 0 then
   local now = redis.call('MGET', unpack(KEYS, 1, n))
-  local bounded = {}
-  for _, b in ipairs(plan['b'] or {}) do
-    for _, kw in ipairs(b[1]) do bounded[kw[1]] = true end
-  end
-  local changed = false
   for i = 1, n do
     local value = now[i]
     if value == false then value = '' end
-    if not bounded[i] and value ~= ARGV[i + 1] then
-      changed = true
-      break
+    if value ~= ARGV[i + 1] then
+      table.insert(now, 1, 0)
+      return now
     end
-  end
-  for _, b in ipairs(plan['b'] or {}) do
-    if changed then break end
-    local total = bounded_sum(b, now)
-    if (b[3] ~= cjson.null and total >= b[3]) or (b[4] ~= cjson.null and total < b[4]) then
-      changed = true
-    end
-  end
-  if changed then
-    table.insert(now, 1, 0)
-    return now
   end
 end
 
+local plan = cjson.decode(ARGV[n + 2])
 -- Increments are computed before anything is written: a target that is not
 -- a JSON object fails the script with nothing applied.
 local counted = {}

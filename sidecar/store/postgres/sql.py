@@ -54,23 +54,6 @@ BEGIN
     END IF;
 END
 $fn$;
-CREATE OR REPLACE FUNCTION loopstop_bound(
-    keys TEXT[], weights DOUBLE PRECISION[], field TEXT, below DOUBLE PRECISION,
-    at_least DOUBLE PRECISION, now DOUBLE PRECISION
-) RETURNS VOID LANGUAGE plpgsql AS $fn$
-DECLARE total DOUBLE PRECISION;
-BEGIN
-    SELECT COALESCE(sum(e.weight * CASE
-            WHEN jsonb_typeof(kv.doc::jsonb -> field) = 'number'
-            THEN (kv.doc::jsonb ->> field)::double precision ELSE 0 END), 0)
-        INTO total FROM unnest(keys, weights) AS e(key, weight)
-        LEFT JOIN loopstop_kv kv
-            ON kv.key = e.key AND (kv.expires_at IS NULL OR kv.expires_at > now);
-    IF (below IS NOT NULL AND total >= below) OR (at_least IS NOT NULL AND total < at_least) THEN
-        RAISE EXCEPTION 'counters moved past a bound' USING ERRCODE = 'LS409';
-    END IF;
-END
-$fn$;
 """
 META_DDL = "CREATE TABLE IF NOT EXISTS loopstop_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
@@ -92,7 +75,6 @@ LOCKS = (
     "SELECT k, false FROM unnest(%(s)s::int4[]) AS k ORDER BY k) AS l"
 )
 CHECK = "SELECT loopstop_check(%s::text[], %s::text[], %s, %s)"
-BOUND = "SELECT loopstop_bound(%s::text[], %s::float8[], %s, %s, %s, %s)"
 PUT = (
     "INSERT INTO loopstop_kv (key, doc, expires_at) VALUES (%s, %s, %s) "
     "ON CONFLICT (key) DO UPDATE SET doc = EXCLUDED.doc, expires_at = EXCLUDED.expires_at"

@@ -202,9 +202,7 @@ class PostgresStore(Store):
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         known = None
-        if absent_likely and recent_likely and not self.serializable:
-            known = self.recent.guess(declared)
-        elif absent_likely and not self.serializable:
+        if absent_likely and not self.serializable:
             known = dict.fromkeys(declared)
         elif recent_likely and not self.serializable:
             known = self.recent.recall(declared)

@@ -82,8 +82,7 @@ def script_call(
     (less the plan's unchecked keys) still holds the raw value read.
 
     :param compare_unchecked: compare the plan's unchecked keys too (a plan
-        decided on a guess: nothing it read may stand unchecked), those a
-        :class:`~sidecar.store.Bound` of the plan covers against their bound.
+        decided on a guess: nothing it read may stand unchecked).
     :raises RuntimeError: the plan writes a key it did not read, or cannot be
         applied safely (:meth:`Plan.check`).
     """
@@ -129,19 +128,6 @@ def script_call(
     keys = [(prefix + k).encode() for k in (*doc_keys, *ipos, *plan.increments)]
     args = [b"%d" % len(doc_keys)]
     args += [(raw[k] or "").encode() for k in doc_keys]
-    shape: dict[str, Any] = {"w": writes, "x": index_ops, "t": trims, "i": increments}
-    if compare_unchecked and plan.bounds:  # on a guess: bounded keys checked by their bound
-        if any(k not in position for b in plan.bounds for k in b.keys):
-            raise RuntimeError("a bound on a key the transaction did not read")
-        shape["b"] = [
-            [
-                [[position[k], w] for k, w in zip(b.keys, b.weights, strict=True)],
-                b.field,
-                b.below,
-                b.at_least,
-            ]
-            for b in plan.bounds
-        ]
-    args.append(_plan_json(shape))
+    args.append(_plan_json({"w": writes, "x": index_ops, "t": trims, "i": increments}))
     args += values
     return ScriptCall(doc_keys, keys, args, texts)

@@ -165,10 +165,7 @@ class RedisStore(Store):
         # consistent snapshot).
         seed: dict[str, str | None] | None = None
         recall = None
-        if absent_likely and recent_likely:
-            seed = self.recent.guess(declared)
-            recall = self.recent.get
-        elif absent_likely:
+        if absent_likely:
             seed = dict.fromkeys(declared)
         elif recent_likely and declared:
             seed = self.recent.recall(declared)
