@@ -295,10 +295,7 @@ class ChainService:
                 stops = {
                     cid: st for cid in chains if (st := txn.read(STOPS, keys.chain_stop(ns, cid)))
                 }
-            counts = [
-                int(doc["count"]) if (doc := txn.doc(k)) else 0
-                for k in (wf_rate_prev, wf_rate_key, wf_rate_next)
-            ]
+            counts = [txn.count(k, "count") for k in (wf_rate_prev, wf_rate_key, wf_rate_next)]
             # Only increments change the rate counters: the decision tolerates them moving.
             txn.tolerate((wf_rate_prev, wf_rate_key, wf_rate_next))
             state = ActivationState(

@@ -22,10 +22,12 @@ The store's rules are kept here, once, instead of in every decision:
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from sidecar.auth import Principal
+from sidecar.errors import StoreUnavailable
 from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write
 
 R = TypeVar("R")
@@ -60,6 +62,24 @@ class Txn:
     def doc(self, key: str) -> Doc | None:
         """The raw document at ``key`` as read in this transaction."""
         return self.snap.get(key)
+
+    def count(self, key: str, field: str) -> int:
+        """The counter at ``field`` of the document at ``key`` (0 when absent):
+        a whole number from 0 to 2**53 (what a float holds exactly), as
+        increments leave it.
+
+        :raises StoreUnavailable: the stored value is anything else (a damaged
+            or foreign document): fail closed, as for a document that is not JSON.
+        """
+        doc = self.snap.get(key)
+        if doc is None:
+            return 0
+        value = doc.get(field, 0) if isinstance(doc, dict) else None
+        if type(value) is float and math.isfinite(value) and value.is_integer():
+            value = int(value)  # past 10^14 Redis's script writes an exponent
+        if type(value) is not int or not 0 <= value <= 2**53:
+            raise StoreUnavailable(f"the counter stored at {key!r} is not a count")
+        return value
 
     def has_read(self, key: str) -> bool:
         return self.snap.has_read(key)

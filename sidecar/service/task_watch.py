@@ -89,8 +89,7 @@ class TaskWatch:
         older decides the same)."""
         values = {}
         for measure, key in zip(TOTALS, self.totals_keys(ns, workflow), strict=True):
-            doc = txn.doc(key)
-            values[measure] = int(doc.get("n", 0)) if doc else 0
+            values[measure] = txn.count(key, "n")
         return Totals(**values)
 
     def exceeded(
