@@ -33,7 +33,7 @@ from sidecar.errors import ValidationFailed
 from sidecar.service import keys, mappers, records
 from sidecar.service.mappers import EFFECTS, LINKS, STOPS, Chains, Plain
 from sidecar.service.records import Txn
-from sidecar.store import Increment, Store
+from sidecar.store import Bound, Increment, Store
 
 
 def new_chain_id() -> str:
@@ -318,9 +318,21 @@ class ChainService:
             txn.save(subject_records, ns, subject_key, changes.subject_rate)
             if changes.workflow_rate is not None:
                 txn.increment(wf_rate_key, Increment("count", 1, 2 * rate_window))
+            if (bound := changes.rate_bound) is not None:
+                # Decided on guessed counts, the decision holds while the
+                # estimate stays on the same side of the limit.
+                rate_keys = (wf_rate_prev, wf_rate_key, wf_rate_next)
+                weights = (bound.previous_weight, 1.0, 1.0)
+                txn.bound(Bound(rate_keys, weights, "count", bound.below, bound.at_least))
             return outcome
 
-        outcome = records.run(self.store, declared, step, now)
+        # Guessed, not read: the keys this process knows as it last saw them,
+        # the others absent (a new event, a new chain); the rate counters,
+        # which other activations move, are checked against the decision's
+        # bound. A wrong guess is decided again on what the store answers.
+        outcome = records.run(
+            self.store, declared, step, now, absent_likely=True, recent_likely=True
+        )
         issued = None
         if outcome.decision is core.ActivationDecision.PROCEED and outcome.chain_id:
             issued = markers.encode(self.fp, ns, outcome.chain_id, outcome.depth or 0)

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from sidecar.auth import Principal
 from sidecar.errors import StoreUnavailable
-from sidecar.store import Increment, IndexEntry, Plan, Snapshot, Store, Write
+from sidecar.store import Bound, Increment, IndexEntry, Plan, Snapshot, Store, Write
 
 R = TypeVar("R")
 I = TypeVar("I")  # noqa: E741 - the identity a scoped mapper addresses records by
@@ -134,6 +134,12 @@ class Txn:
     def tolerate(self, keys: Iterable[str]) -> None:
         """Leave ``keys`` (read, never written) out of the compare-and-set."""
         self.plan.unchecked.update(keys)
+
+    def bound(self, bound: Bound) -> None:
+        """Leave ``bound.keys`` out of the compare, and have a plan decided on
+        a guess checked against ``bound`` instead (:class:`~sidecar.store.Bound`)."""
+        self.plan.unchecked.update(bound.keys)
+        self.plan.bounds.append(bound)
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the plan committed (counters of what happened)."""

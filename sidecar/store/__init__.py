@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from sidecar.errors import ConfigError
 from sidecar.store.base import (
     SCHEMA_VERSION,
+    Bound,
     Compactable,
     Doc,
     Increment,
@@ -28,6 +29,7 @@ from sidecar.store.sqlite import sqlite_path
 __all__ = [
     "SCHEMA_VERSION",
     "SCHEMES",
+    "Bound",
     "Compactable",
     "Doc",
     "Increment",

@@ -49,6 +49,7 @@ from urllib.parse import parse_qs, urlparse
 
 from sidecar.errors import ConfigError, SchemaMismatch, StoreUnavailable
 from sidecar.store.plan import (
+    Bound,
     Doc,
     Increment,
     IndexEntry,
@@ -62,8 +63,11 @@ from sidecar.store.plan import (
 )
 
 __all__ = [
+    "CLOCK_CHECK_S",
+    "FENCE_MARGIN",
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "Bound",
     "Compactable",
     "Doc",
     "Increment",
@@ -87,6 +91,14 @@ log = logging.getLogger("loopstop.store")
 
 #: The layout version this code reads and writes. Bump it with a migration.
 SCHEMA_VERSION = 1
+
+#: The share of the time a caller waits for a write's answer kept between the
+#: write's fence (the latest server time it may still apply at) and the moment
+#: the caller stops waiting: an answer sent just before the fence still arrives
+#: in time, and a clock compared a little off still fences.
+FENCE_MARGIN = 0.25
+#: Seconds between two comparisons of a store server's clock with this host's.
+CLOCK_CHECK_S = 5.0
 
 #: Meta entries every store keeps beside its documents.
 META_SCHEMA = "schema_version"
@@ -221,7 +233,10 @@ class Store(abc.ABC):
       process last read or wrote for the keys (Redis and PostgreSQL keep a
       bounded map of them); a commit after its begin, a result after its
       call. A guess is compared whole, the keys a plan leaves unchecked
-      included.
+      included, except those a :class:`Bound` of the plan covers: those are
+      checked against it. Both hints together: the values last seen where
+      this process knows them, absent elsewhere (a trigger's activation: a
+      new event, and counters other decisions move).
     - :attr:`Plan.increments`: counters that many decisions share (a
       workflow's rate) are added at commit and never compared, so
       concurrent decisions do not conflict on them.
@@ -307,7 +322,8 @@ class Store(abc.ABC):
         this process last read or wrote there (a commit after its begin, a
         tool call's result after its admission). A store may then decide on
         those values without reading and let its compare check them, with
-        the same guarantees as ``absent_likely``.
+        the same guarantees as ``absent_likely``. Given both, a key this
+        process knows is guessed as last seen, any other as absent.
 
         :returns: ``plan.result``.
         :raises StoreUnavailable: on a driver error or persistent contention.

@@ -126,6 +126,27 @@ class Increment:
     ttl_s: float | None = None
 
 
+@dataclass(frozen=True)
+class Bound:
+    """Where counters a plan left unchecked must stand for its decision to hold:
+    the sum over ``keys`` of each weight times the number at ``field`` of the
+    key's document (0 when absent) is below ``below`` and at least
+    ``at_least`` (each when given).
+
+    A store checks it, atomically with the plan's writes, only when the plan
+    was decided on a guess (``absent_likely``, ``recent_likely``): in place of
+    comparing those counters whole, so a counter that other decisions moved
+    meanwhile does not make the guess fail while the decision still holds.
+    On values actually read, the keys stay unchecked (tolerated) as before.
+    """
+
+    keys: tuple[str, ...]
+    weights: tuple[float, ...]
+    field: str
+    below: float | None = None
+    at_least: float | None = None
+
+
 @dataclass
 class Plan(Generic[T]):
     """What a transaction function decided: the value to return and the changes.
@@ -143,6 +164,8 @@ class Plan(Generic[T]):
     :ivar unchecked: keys the transaction read but the compare-and-set leaves
         out: the decision tolerates them having changed meanwhile (counters
         that only concurrent increments change). They must not be written.
+    :ivar bounds: conditions on unchecked keys (:class:`Bound`) that a plan
+        decided on a guess is checked against instead of their whole values.
     """
 
     result: T
@@ -152,18 +175,26 @@ class Plan(Generic[T]):
     on_commit: list[Callable[[], None]] = field(default_factory=list)
     increments: dict[str, Increment] = field(default_factory=dict)
     unchecked: set[str] = field(default_factory=set)
+    bounds: list[Bound] = field(default_factory=list)
 
     def check(self) -> None:
         """Refuse a plan no store can apply safely (stores call this before applying).
 
         :raises RuntimeError: a key both written and incremented or left
-            unchecked; increments without a document of the plan's own (a
-            commit whose answer timed out could not be recognized, and would
-            be applied twice).
+            unchecked; a bound on a key not left unchecked, or with a weight
+            per key not given; increments without a document of the plan's
+            own (a commit whose answer timed out could not be recognized,
+            and would be applied twice).
         """
         for key in self.writes:
             if key in self.unchecked or key in self.increments:
                 raise RuntimeError(f"transaction wrote {key!r}, which it left unchecked")
+        for bound in self.bounds:
+            if len(bound.keys) != len(bound.weights):
+                raise RuntimeError("a bound needs one weight per key")
+            for key in bound.keys:
+                if key not in self.unchecked:
+                    raise RuntimeError(f"a bound on {key!r}, which the plan compares whole")
         if self.increments and not self.writes:
             raise RuntimeError("a plan with increments must also write a document")
 

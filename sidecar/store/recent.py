@@ -45,6 +45,16 @@ class RecentValues:
                 values.move_to_end(k)
             return found
 
+    def guess(self, keys: list[str]) -> dict[str, str | None]:
+        """The values last seen under ``keys``, None (absent) for a key not known."""
+        values = self._values
+        with self._lock:
+            found = {k: values.get(k) for k in keys}
+            for k in keys:
+                if k in values:
+                    values.move_to_end(k)
+            return found
+
     def remember(self, pairs: Iterable[tuple[str, str | None]]) -> None:
         """Keep ``pairs`` (key, raw text or None: absent) as the values last seen."""
         with self._lock:
@@ -96,15 +106,18 @@ class RecentValues:
         applied (``written``, their texts; and the other documents as read,
         those the plan left unchecked included: a guess compares them), else
         the values it answered. The counters it incremented are forgotten
-        (their new text is the script's)."""
-        increments = plan.increments
+        (their new text is the script's), and those a bound covers (a guess
+        of them was checked against the bound, not found)."""
+        forgotten: Iterable[str] = plan.increments
+        if plan.bounds:
+            forgotten = {*forgotten, *(k for b in plan.bounds for k in b.keys)}
         if current is not None:
             pairs: Iterable[tuple[str, str | None]] = current.items()
         else:
-            kept = [(k, v) for k, v in raw.items() if k not in written and k not in increments]
+            kept = [(k, v) for k, v in raw.items() if k not in written and k not in forgotten]
             kept += written.items()
             pairs = kept
         with self._lock:
-            if increments:
-                self._forget(increments)
+            if forgotten:
+                self._forget(forgotten)
             self._remember(pairs)

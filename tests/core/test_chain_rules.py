@@ -20,6 +20,7 @@ from sidecar.core.chains import (
     FieldPrints,
     Link,
     Marker,
+    RateBound,
     RateCounter,
     RateLog,
     Seen,
@@ -322,6 +323,31 @@ def test_rate_counter_slides() -> None:
     assert c.estimate(NOW + 50, 100) == 10
     assert c.estimate(NOW + 150, 100) == pytest.approx(5.0)  # half the old window overlaps
     assert c.estimate(NOW + 400, 100) == 0
+
+
+def test_a_decision_names_the_side_of_the_workflow_rate_it_stood_on() -> None:
+    """Admitted: the estimate was below the limit; refused for the rate: at or
+    above it; refused before the rate was asked: the counts did not decide."""
+    limits = replace(LIMITS, workflow_rate_limit=10, workflow_rate_window_s=100)
+    start = 1_000_000.0  # a window's start: at +25, a quarter of it has passed
+    counter = RateCounter(start, count=4, previous=6)  # 6 * 0.75 + 4 = 8.5
+    changes, out = decide(
+        ActivationState(workflow_rate=counter), request({"a": 1}), limits, start + 25
+    )
+    assert out.reason is R.NEW_CHAIN
+    assert changes.rate_bound == RateBound(previous_weight=0.75, below=10)
+    full = RateCounter(start, count=4, previous=8)  # 8 * 0.75 + 4 = 10
+    changes, out = decide(
+        ActivationState(workflow_rate=full), request({"a": 1}), limits, start + 25
+    )
+    assert out.reason is R.WORKFLOW_RATE
+    assert changes.rate_bound == RateBound(previous_weight=0.75, at_least=10)
+    seen = Seen(fp({"a": 1}), start)  # a duplicate: dropped before the rate counts
+    changes, out = decide(
+        ActivationState(workflow_rate=full, seen=seen), request({"a": 1}), limits, start + 25
+    )
+    assert out.reason is R.DUPLICATE_EVENT
+    assert changes.rate_bound is None
 
 
 def test_recent_timeline_is_bounded() -> None:

@@ -727,7 +727,12 @@ def test_a_fresh_postgres_database_gets_its_schema(postgres_server: PostgresServ
                 "SELECT proname FROM pg_proc WHERE proname LIKE 'loopstop_%' ORDER BY 1"
             ).fetchall()
         assert tables == [("loopstop_idx",), ("loopstop_kv",), ("loopstop_meta",)]
-        assert functions == [("loopstop_check",), ("loopstop_increment",)]
+        assert functions == [
+            ("loopstop_bound",),
+            ("loopstop_check",),
+            ("loopstop_fence",),
+            ("loopstop_increment",),
+        ]
         assert store._read_schema_version() == SCHEMA_VERSION
         put(store, "a", {"n": 1})
         assert store.get("a") == {"n": 1}

@@ -16,6 +16,7 @@ from sidecar.core.chains.records import (
     FieldPrints,
     Link,
     Marker,
+    RateBound,
     RateCounter,
     RateLog,
     Seen,
@@ -69,12 +70,17 @@ class ActivationState:
 
 @dataclass(frozen=True)
 class ActivationChanges:
-    """What to store after the decision (None: leave as is)."""
+    """What to store after the decision (None: leave as is).
+
+    :ivar rate_bound: where the workflow's rate counts must stand for the
+        decision to hold (None: the rate did not decide it).
+    """
 
     seen: Seen | None = None
     chain: Chain | None = None
     subject_rate: RateLog | None = None
     workflow_rate: RateCounter | None = None
+    rate_bound: RateBound | None = None
 
 
 @dataclass(frozen=True)
@@ -135,13 +141,18 @@ def decide_activation(
     )
 
     def dropped(
-        reason: ActivationReason, depth: int | None, seen: bool = True
+        reason: ActivationReason,
+        depth: int | None,
+        seen: bool = True,
+        rate_bound: RateBound | None = None,
     ) -> tuple[ActivationChanges, ActivationOutcome]:
         new_chain = None
         if chain is not None:
             new_chain = _record(chain, req, now, ActivationDecision.DROP, reason, depth)
         changes = ActivationChanges(
-            seen=Seen(req.content_fp, now) if seen else None, chain=new_chain
+            seen=Seen(req.content_fp, now) if seen else None,
+            chain=new_chain,
+            rate_bound=rate_bound,
         )
         return changes, ActivationOutcome(
             ActivationDecision.DROP,
@@ -180,16 +191,19 @@ def decide_activation(
     if req.has_subject and len(subject_times) >= limits.rate_limit:
         return dropped(ActivationReason.ACTIVATION_RATE, None, seen=False)
     counter = state.workflow_rate or RateCounter()
-    if counter.estimate(now, limits.workflow_rate_window_s) >= limits.workflow_rate_limit:
-        return dropped(ActivationReason.WORKFLOW_RATE, None, seen=False)
+    window, limit = limits.workflow_rate_window_s, limits.workflow_rate_limit
+    if counter.estimate(now, window) >= limit:
+        held = counter.bound(now, window, limit, under=False)
+        return dropped(ActivationReason.WORKFLOW_RATE, None, seen=False, rate_bound=held)
+    under = counter.bound(now, window, limit, under=True)
     if link is not None:
         return _proceed(
-            state, req, limits, now, link[0], depth, ActivationReason.REENTRY, subject_times
+            state, req, limits, now, link[0], depth, ActivationReason.REENTRY, subject_times, under
         )
     # 6. new work
     fresh = Chain.fresh(req.new_chain_id, req.workflow, now, limits.chain_ttl_s)
     reason = ActivationReason.EXTERNAL_CHANGE if external else ActivationReason.NEW_CHAIN
-    return _proceed(state, req, limits, now, fresh, 0, reason, subject_times)
+    return _proceed(state, req, limits, now, fresh, 0, reason, subject_times, under)
 
 
 def _record(
@@ -227,6 +241,7 @@ def _proceed(
     depth: int,
     reason: ActivationReason,
     subject_times: tuple[float, ...],
+    rate_bound: RateBound,
 ) -> tuple[ActivationChanges, ActivationOutcome]:
     new_chain = _record(chain, req, now, ActivationDecision.PROCEED, reason, depth)
     new_chain = new_chain.with_execution(req.execution_id, req.execution_mode, now, req.workflow)
@@ -238,6 +253,7 @@ def _proceed(
         workflow_rate=(state.workflow_rate or RateCounter()).add(
             now, limits.workflow_rate_window_s
         ),
+        rate_bound=rate_bound,
     )
     return changes, ActivationOutcome(
         ActivationDecision.PROCEED,

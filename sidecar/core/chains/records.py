@@ -218,14 +218,40 @@ class RateCounter:
         start = self.window_start + windows * window_s if self.window_start else now
         return RateCounter(start, 0, self.count if windows == 1 else 0)
 
-    def estimate(self, now: float, window_s: float) -> float:
+    def previous_weight(self, now: float, window_s: float) -> float:
+        """How much of the previous window the sliding window ending at ``now``
+        still overlaps (0 to 1): the previous count's weight in :meth:`estimate`."""
         cur = self.rolled(now, window_s)
-        overlap = 1 - (now - cur.window_start) / window_s
-        return cur.previous * max(0.0, overlap) + cur.count
+        return max(0.0, 1 - (now - cur.window_start) / window_s)
+
+    def estimate(self, now: float, window_s: float) -> float:
+        """Activations in the sliding window ending at ``now``: the previous
+        count weighted by :meth:`previous_weight`, plus this window's."""
+        cur = self.rolled(now, window_s)
+        return cur.previous * cur.previous_weight(now, window_s) + cur.count
+
+    def bound(self, now: float, window_s: float, limit: float, *, under: bool) -> RateBound:
+        """Where the counts must stand for a decision made on this counter's
+        :meth:`estimate` to hold: below ``limit`` (``under``: it was admitted)
+        or at least ``limit`` (refused for the rate)."""
+        weight = self.previous_weight(now, window_s)
+        return RateBound(weight, limit, None) if under else RateBound(weight, None, limit)
 
     def add(self, now: float, window_s: float) -> RateCounter:
         cur = self.rolled(now, window_s)
         return RateCounter(cur.window_start, cur.count + 1, cur.previous)
+
+
+@dataclass(frozen=True)
+class RateBound:
+    """A condition on a workflow's rate counts that a decision stood on:
+    ``previous * previous_weight + count`` (the estimate at the decision's
+    time) below ``below`` and at least ``at_least`` (each when given). A store
+    checks it at commit when the counts were guessed, not read."""
+
+    previous_weight: float
+    below: float | None = None
+    at_least: float | None = None
 
 
 @dataclass(frozen=True)

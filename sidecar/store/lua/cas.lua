@@ -18,9 +18,19 @@
 --                 An increment adds delta to the number at field of the JSON
 --                 document at KEYS[key_pos] (after the indexes; never
 --                 compared), creating {field: delta} when the key is absent.
+--                 Optional "b": [[[[doc_i, weight], ...], field, below | null,
+--                 at_least | null], ...]: bounds on documents compared by
+--                 them, not whole: the sum of weight * the count at field of
+--                 each (0 when absent) below "below" and at least
+--                 "at_least"; one that fails, or a document that holds no
+--                 whole count there, counts as a change.
+--                 Optional "f": the fence, the server time (epoch
+--                 milliseconds) past which nothing is written and the
+--                 answer is -1: the caller stopped waiting for this script
+--                 (a server that paused with it queued runs it later).
 -- ARGV[n+3..]     the new documents, each a JSON string: kept apart from the
 --                 plan so the script never decodes them.
--- Returns 1 when the plan was applied. When any document changed since it
+-- Returns 1 when the plan was applied, -1 when it ran past its fence. When any document changed since it
 -- was read, nothing is written and the answer is {0, value_1, ..., value_n}:
 -- every document's current value (nil when absent), read at one instant (one
 -- MGET), so the caller re-runs its function on them without reading again.
@@ -34,21 +44,67 @@ local function put(key, value, ttl_ms)
   end
 end
 
+-- The weighted sum a bound (plan "b") is checked against; nil when a
+-- document is not an object holding a whole count from 0 to 2^53 at the
+-- field (absent: 0), which fails the bound: the caller reads and decides.
+local function bounded_sum(bound, now)
+  local total = 0
+  for _, kw in ipairs(bound[1]) do
+    local raw = now[kw[1]]
+    if raw then
+      local ok, doc = pcall(cjson.decode, raw)
+      if not ok or type(doc) ~= 'table' then return nil end
+      local count = doc[bound[2]]
+      if count == nil then count = 0 end
+      if type(count) ~= 'number' or count ~= count or count < 0
+          or count > 9007199254740992 or math.floor(count) ~= count then
+        return nil
+      end
+      total = total + kw[2] * count
+    end
+  end
+  return total
+end
+
 local n = tonumber(ARGV[1])
+local plan = cjson.decode(ARGV[n + 2])
 -- Every compared document in one MGET (one command, however many there are).
 if n > 0 then
   local now = redis.call('MGET', unpack(KEYS, 1, n))
+  local bounded = {}
+  for _, b in ipairs(plan['b'] or {}) do
+    for _, kw in ipairs(b[1]) do bounded[kw[1]] = true end
+  end
+  local changed = false
   for i = 1, n do
     local value = now[i]
     if value == false then value = '' end
-    if value ~= ARGV[i + 1] then
-      table.insert(now, 1, 0)
-      return now
+    if not bounded[i] and value ~= ARGV[i + 1] then
+      changed = true
+      break
     end
+  end
+  for _, b in ipairs(plan['b'] or {}) do
+    if changed then break end
+    local total = bounded_sum(b, now)
+    if total == nil or (b[3] ~= cjson.null and total >= b[3])
+        or (b[4] ~= cjson.null and total < b[4]) then
+      changed = true
+    end
+  end
+  if changed then
+    table.insert(now, 1, 0)
+    return now
   end
 end
 
-local plan = cjson.decode(ARGV[n + 2])
+if plan['f'] then
+  local now = redis.call('TIME')
+  if tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000 > plan['f'] then
+    return -1
+  end
+end
+
 -- Increments are computed before anything is written: a target that is not
 -- a JSON object fails the script with nothing applied.
 local counted = {}

@@ -3,12 +3,22 @@ one round trip) and a decision on a guess sent through it at once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import psycopg
 
-from sidecar.store.base import META_ID, Doc, Plan, Snapshot, StoreEvents, T, TxnFn, decode_doc
+from sidecar.store.base import (
+    META_ID,
+    Bound,
+    Doc,
+    Plan,
+    Snapshot,
+    StoreEvents,
+    T,
+    TxnFn,
+    decode_doc,
+)
 from sidecar.store.plan import written_text
 from sidecar.store.postgres import sql
 from sidecar.store.postgres.connection import PooledConnection
@@ -21,6 +31,8 @@ class Source(Protocol):
     identity: str | None
     events: StoreEvents
     clock: Callable[[], float]
+
+    def fence(self, deadline: float) -> float | None: ...
 
 
 def rollback(conn: PooledConnection) -> None:
@@ -52,13 +64,18 @@ def write(
     begin: bool,
     texts: Mapping[str, str | None],
     read: list[Any] | None = None,
+    bounds: Sequence[Bound] = (),
+    fence: float | None = None,
 ) -> psycopg.Error | None:
-    """Lock, compare ``compared`` with ``raw`` and apply ``plan`` (its
-    documents' ``texts``) in one pipeline, after ``BEGIN`` when ``begin``
-    (under ``serializable`` nothing is compared: the isolation level does
-    it). The error that refused it, or None once committed. ``read`` gets
-    the cursors of the identity and of ``raw``'s keys, read first (their
-    rows outlive a refusal)."""
+    """Lock, compare ``compared`` with ``raw``, check ``bounds`` and apply
+    ``plan`` (its documents' ``texts``) in one pipeline, after ``BEGIN`` when
+    ``begin`` (under ``serializable`` nothing is compared: the isolation
+    level does it). The error that refused it, or None once committed.
+    ``read`` gets the cursors of the identity and of ``raw``'s keys, read
+    first (their rows outlive a refusal). ``fence``: the server time (epoch
+    seconds) past which nothing is written (``LS408``): a server that paused
+    with the pipeline queued and runs it after its caller gave up writes
+    nothing (None: no fence)."""
     # The server's refusal may come back while the pipeline is still sending: it is
     # caught inside the block, so the pipeline ends quietly (psycopg logs a warning
     # for an error that leaves the block), and returned once the pipeline is closed.
@@ -77,6 +94,13 @@ def write(
                     conn.execute(
                         sql.CHECK, (compared, [raw[k] for k in compared], now, store.identity)
                     )
+                    for b in bounds:
+                        conn.execute(
+                            sql.BOUND,
+                            (list(b.keys), list(b.weights), b.field, b.below, b.at_least, now),
+                        )
+                if fence is not None:
+                    conn.execute(sql.FENCE, (fence,))
                 sql.apply(conn, plan, now, texts)
                 conn.execute("COMMIT")
             except psycopg.Error as exc:
@@ -95,12 +119,13 @@ def guess(
     fn: TxnFn[T],
     known: Mapping[str, str | None],
     recall: Callable[[str], str | None],
+    deadline: float,
 ) -> tuple[Plan[T] | None, list[Any] | None, dict[str, str | None], dict[str, str | None]]:
     """Decide on ``known`` (the declared keys' values as guessed: absent, or
     as this process last saw them; a key first read inside ``fn`` as
     ``recall`` gives it), then lock, compare every key read (the plan's
-    unchecked ones too: a guess stands only on what was compared) and write
-    in one pipeline: one round trip.
+    unchecked ones too: a guess stands only on what was compared; those a
+    bound covers against it) and write in one pipeline: one round trip.
 
     :returns: ``(plan, seed, raw, texts)``: the plan once committed, else None
         with nothing written (the guess did not hold, ``fn`` raised on it, its
@@ -135,7 +160,27 @@ def guess(
     shared = sorted({sql.lock_id(k) for k in raw} - set(exclusive))
     seed: list[Any] = []
     texts = texts_of(plan)
-    failure = write(store, conn, plan, now, raw, list(raw), exclusive, shared, True, texts, seed)
+    # Every key compared whole, but those a bound covers: checked against it.
+    bounded = {k for b in plan.bounds for k in b.keys}
+    if not bounded <= raw.keys():
+        raise RuntimeError("a bound on a key the transaction did not read")
+    compared = [k for k in raw if k not in bounded]
+    fence = store.fence(deadline)
+    failure = write(
+        store,
+        conn,
+        plan,
+        now,
+        raw,
+        compared,
+        exclusive,
+        shared,
+        True,
+        texts,
+        seed,
+        plan.bounds,
+        fence,
+    )
     if failure is None:
         return plan, None, raw, texts
     rollback(conn)

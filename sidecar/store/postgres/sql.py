@@ -54,6 +54,52 @@ BEGIN
     END IF;
 END
 $fn$;
+CREATE OR REPLACE FUNCTION loopstop_bound(
+    keys TEXT[], weights DOUBLE PRECISION[], field TEXT, below DOUBLE PRECISION,
+    at_least DOUBLE PRECISION, now DOUBLE PRECISION
+) RETURNS VOID LANGUAGE plpgsql AS $fn$
+DECLARE total DOUBLE PRECISION := 0;
+DECLARE entry RECORD;
+DECLARE d JSONB;
+DECLARE count NUMERIC;
+BEGIN
+    FOR entry IN SELECT e.weight, kv.doc FROM unnest(keys, weights) AS e(key, weight)
+            LEFT JOIN loopstop_kv kv
+                ON kv.key = e.key AND (kv.expires_at IS NULL OR kv.expires_at > now) LOOP
+        CONTINUE WHEN entry.doc IS NULL;
+        BEGIN
+            d := entry.doc::jsonb;
+        EXCEPTION WHEN others THEN
+            d := NULL;
+        END;
+        IF d IS NULL OR jsonb_typeof(d) <> 'object' THEN
+            RAISE EXCEPTION 'a counter is not a JSON object' USING ERRCODE = 'LS409';
+        END IF;
+        count := 0;
+        IF d ? field THEN
+            IF jsonb_typeof(d -> field) <> 'number' THEN
+                RAISE EXCEPTION 'a counter holds no count' USING ERRCODE = 'LS409';
+            END IF;
+            count := (d ->> field)::numeric;
+            IF count < 0 OR count > 9007199254740992 OR count <> trunc(count) THEN
+                RAISE EXCEPTION 'a counter holds no count' USING ERRCODE = 'LS409';
+            END IF;
+        END IF;
+        total := total + entry.weight * count::double precision;
+    END LOOP;
+    IF (below IS NOT NULL AND total >= below) OR (at_least IS NOT NULL AND total < at_least) THEN
+        RAISE EXCEPTION 'counters moved past a bound' USING ERRCODE = 'LS409';
+    END IF;
+END
+$fn$;
+CREATE OR REPLACE FUNCTION loopstop_fence(not_after DOUBLE PRECISION)
+RETURNS VOID LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF extract(epoch FROM clock_timestamp()) > not_after THEN
+        RAISE EXCEPTION 'the transaction ran past its fence' USING ERRCODE = 'LS408';
+    END IF;
+END
+$fn$;
 """
 META_DDL = "CREATE TABLE IF NOT EXISTS loopstop_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
@@ -75,6 +121,9 @@ LOCKS = (
     "SELECT k, false FROM unnest(%(s)s::int4[]) AS k ORDER BY k) AS l"
 )
 CHECK = "SELECT loopstop_check(%s::text[], %s::text[], %s, %s)"
+FENCE = "SELECT loopstop_fence(%s)"
+CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
+BOUND = "SELECT loopstop_bound(%s::text[], %s::float8[], %s, %s, %s, %s)"
 PUT = (
     "INSERT INTO loopstop_kv (key, doc, expires_at) VALUES (%s, %s, %s) "
     "ON CONFLICT (key) DO UPDATE SET doc = EXCLUDED.doc, expires_at = EXCLUDED.expires_at"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import threading
@@ -21,6 +22,8 @@ from psycopg import errors as pgerrors
 
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
+    CLOCK_CHECK_S,
+    FENCE_MARGIN,
     META_ID,
     META_SCHEMA,
     SCHEMA_VERSION,
@@ -133,6 +136,11 @@ class PostgresStore(Store):
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._swept_at = time.monotonic()
+        #: The server's clock minus this host's (seconds), as last measured
+        #: (None: not yet), and when (``time.monotonic``): fences are given
+        #: in server time.
+        self._clock_offset_s: float | None = None
+        self._clock_at = -math.inf
 
     # -- connections -------------------------------------------------------
 
@@ -188,6 +196,29 @@ class PostgresStore(Store):
     def _where(self) -> str:
         return self.url_redacted
 
+    def _compare_clocks(self, conn: PooledConnection) -> None:
+        """Measure the server's clock against this host's, at most every
+        :data:`CLOCK_CHECK_S` (one statement; not a decision's round trip)."""
+        if time.monotonic() - self._clock_at < CLOCK_CHECK_S or self.serializable:
+            return
+        sent = time.time()
+        row = conn.execute(sql.CLOCK).fetchone()
+        answered = time.time()
+        if row is not None:
+            # The server read its clock about half-way through the round trip.
+            self._clock_offset_s = float(row[0]) - (sent + answered) / 2
+            self._clock_at = time.monotonic()
+
+    def fence(self, deadline: float) -> float | None:
+        """The latest server time (epoch seconds) at which a pipeline sent now
+        may still write: a margin (:data:`FENCE_MARGIN` of the time left)
+        before ``deadline`` (``time.monotonic``), when this process stops
+        waiting for it. None while the clocks were never compared."""
+        if self._clock_offset_s is None:
+            return None
+        left = max(0.0, deadline - time.monotonic())
+        return time.time() + self._clock_offset_s + left * (1 - FENCE_MARGIN)
+
     # -- interface ---------------------------------------------------------
 
     def transact(
@@ -202,15 +233,20 @@ class PostgresStore(Store):
         deadline = time.monotonic() + self.timeout_s
         declared = list(dict.fromkeys(keys))
         known = None
-        if absent_likely and not self.serializable:
+        if absent_likely and recent_likely and not self.serializable:
+            known = self.recent.guess(declared)
+        elif absent_likely and not self.serializable:
             known = dict.fromkeys(declared)
         elif recent_likely and not self.serializable:
             known = self.recent.recall(declared)
         with self._connection(deadline) as conn:
+            self._compare_clocks(conn)
             guessed, seed = None, None
             if known is not None:
                 recall = self.recent.get
-                guessed, seed, raw, texts = pipeline.guess(self, conn, declared, fn, known, recall)
+                guessed, seed, raw, texts = pipeline.guess(
+                    self, conn, declared, fn, known, recall, deadline
+                )
                 if guessed is not None:
                     self.recent.after(raw, guessed, None, texts)
             plan = guessed or self._decide(conn, declared, fn, deadline, seed)
@@ -238,7 +274,8 @@ class PostgresStore(Store):
         hot: dict[str, bool] = {}
         for attempt in range(self.max_retries):
             try:
-                return self._attempt(conn, declared, fn, hot, seed if attempt == 0 else None)
+                first = seed if attempt == 0 else None
+                return self._attempt(conn, declared, fn, hot, deadline, first)
             except _Conflict as conflict:
                 for key in conflict.compared:
                     hot[key] = hot.get(key, False) or key in conflict.written
@@ -266,6 +303,7 @@ class PostgresStore(Store):
         declared: list[str],
         fn: TxnFn[T],
         hot: dict[str, bool],
+        deadline: float,
         seed: list[Any] | None = None,
     ) -> Plan[T]:
         """One try: read, decide, then lock, compare and write in one pipeline.
@@ -335,12 +373,24 @@ class PostgresStore(Store):
         begin = not self.serializable and not hot
         texts = pipeline.texts_of(plan)
         failure = pipeline.write(
-            self, conn, plan, now, raw, compared, exclusive, shared, begin, texts
+            self,
+            conn,
+            plan,
+            now,
+            raw,
+            compared,
+            exclusive,
+            shared,
+            begin,
+            texts,
+            fence=self.fence(deadline),
         )
         if failure is None:
             self.recent.after(raw, plan, None, texts)
             return plan
         self.recent.forget(compared)
+        if failure.sqlstate == "LS408":  # past its fence: compare the clocks again
+            self._clock_at = -math.inf
         if failure.sqlstate == "LS409":
             raise _Conflict(set(plan.writes), set(compared)) from failure
         if isinstance(failure, pgerrors.InvalidParameterValue):

@@ -27,11 +27,13 @@ class Connection:
     :ivar client: commands go to the primary through it.
     :ivar sentinel: the sentinels that name the primary (None: a direct URL).
     :ivar url_redacted: the URL without its password, for the operator log.
+    :ivar socket_timeout_s: how long a command's answer is waited for.
     """
 
     client: redis.Redis
     sentinel: Sentinel | None
     url_redacted: str
+    socket_timeout_s: float
 
 
 def check_url(url: str) -> None:
@@ -67,7 +69,9 @@ def connect(url: str, timeout_s: float) -> Connection:
         "health_check_interval": 30,
     }
     if urlparse(base).scheme != "redis+sentinel":
-        return Connection(redis.Redis.from_url(base, **options), None, redact_url(base))
+        return Connection(
+            redis.Redis.from_url(base, **options), None, redact_url(base), socket_timeout
+        )
     hosts, service, db, password = parse_sentinel_url(base)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         hosts,
@@ -77,7 +81,7 @@ def connect(url: str, timeout_s: float) -> Connection:
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         service, db=db, password=password, **options
     )
-    return Connection(client, sentinel, redact_url(base))
+    return Connection(client, sentinel, redact_url(base), socket_timeout)
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:

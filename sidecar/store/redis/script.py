@@ -16,6 +16,9 @@ from sidecar.store.plan import Doc, Plan, WrittenText, written_text
 #: The script's text, registered once per store object.
 CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
 
+#: What the script answers when it ran past its fence (nothing written).
+FENCED = -1
+
 #: The longest TTL written (ten years): a longer retention is "forever" in practice.
 MAX_TTL_MS = 10 * 365 * 86_400 * 1000
 
@@ -76,13 +79,21 @@ class ScriptCall:
 
 
 def script_call(
-    raw: dict[str, str | None], plan: Plan[Any], prefix: str, *, compare_unchecked: bool = False
+    raw: dict[str, str | None],
+    plan: Plan[Any],
+    prefix: str,
+    *,
+    compare_unchecked: bool = False,
+    fence_ms: int | None = None,
 ) -> ScriptCall:
     """The keys and arguments that apply ``plan`` if every document of ``raw``
     (less the plan's unchecked keys) still holds the raw value read.
 
     :param compare_unchecked: compare the plan's unchecked keys too (a plan
-        decided on a guess: nothing it read may stand unchecked).
+        decided on a guess: nothing it read may stand unchecked), those a
+        :class:`~sidecar.store.Bound` of the plan covers against their bound.
+    :param fence_ms: the server time (epoch milliseconds) past which the
+        script writes nothing and answers :data:`FENCED` (None: no fence).
     :raises RuntimeError: the plan writes a key it did not read, or cannot be
         applied safely (:meth:`Plan.check`).
     """
@@ -128,6 +139,21 @@ def script_call(
     keys = [(prefix + k).encode() for k in (*doc_keys, *ipos, *plan.increments)]
     args = [b"%d" % len(doc_keys)]
     args += [(raw[k] or "").encode() for k in doc_keys]
-    args.append(_plan_json({"w": writes, "x": index_ops, "t": trims, "i": increments}))
+    shape: dict[str, Any] = {"w": writes, "x": index_ops, "t": trims, "i": increments}
+    if compare_unchecked and plan.bounds:  # on a guess: bounded keys checked by their bound
+        if any(k not in position for b in plan.bounds for k in b.keys):
+            raise RuntimeError("a bound on a key the transaction did not read")
+        shape["b"] = [
+            [
+                [[position[k], w] for k, w in zip(b.keys, b.weights, strict=True)],
+                b.field,
+                b.below,
+                b.at_least,
+            ]
+            for b in plan.bounds
+        ]
+    if fence_ms is not None:
+        shape["f"] = fence_ms
+    args.append(_plan_json(shape))
     args += values
     return ScriptCall(doc_keys, keys, args, texts)

@@ -15,6 +15,7 @@ import redis
 
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
+    FENCE_MARGIN,
     META_ID,
     Doc,
     Plan,
@@ -28,7 +29,7 @@ from sidecar.store.base import (
 from sidecar.store.recent import RecentValues
 from sidecar.store.redis import connection
 from sidecar.store.redis.attempt import Reads, decide
-from sidecar.store.redis.script import CAS, script_call, serialized
+from sidecar.store.redis.script import CAS, FENCED, script_call, serialized
 
 log = logging.getLogger("loopstop.store")
 
@@ -84,6 +85,10 @@ class RedisStore(Store):
         self.client = reached.client
         self.sentinel = reached.sentinel
         self.url_redacted = reached.url_redacted
+        self.socket_timeout_s = reached.socket_timeout_s
+        #: The server's clock minus this host's (seconds), as last measured
+        #: (None: not yet): a compare-and-set's fence is given in server time.
+        self._clock_offset_s: float | None = None
         self.prefix = prefix
         self.max_retries = max_retries
         self.timeout_s = timeout_s
@@ -125,7 +130,15 @@ class RedisStore(Store):
         now = time.monotonic()
         if now - self._policy_at >= self.policy_check_s:
             with self._errors():
-                policy = str(self.client.info("memory").get("maxmemory_policy", "noeviction"))
+                pipe = self.client.pipeline(transaction=False)
+                pipe.info("memory")
+                pipe.time()
+                sent = time.time()
+                memory, (seconds, micros) = pipe.execute()
+                answered = time.time()
+            policy = str(memory.get("maxmemory_policy", "noeviction"))
+            # The server read its clock about half-way through the round trip.
+            self._clock_offset_s = seconds + micros / 1e6 - (sent + answered) / 2
             self._policy_at = now
             if policy != "noeviction":
                 if self._policy_bad != policy:
@@ -165,7 +178,10 @@ class RedisStore(Store):
         # consistent snapshot).
         seed: dict[str, str | None] | None = None
         recall = None
-        if absent_likely:
+        if absent_likely and recent_likely:
+            seed = self.recent.guess(declared)
+            recall = self.recent.get
+        elif absent_likely:
             seed = dict.fromkeys(declared)
         elif recent_likely and declared:
             seed = self.recent.recall(declared)
@@ -264,7 +280,9 @@ class RedisStore(Store):
         document (those ``raw`` holds, less the plan's unchecked keys unless
         ``raw`` was ``guessed``: a guess is compared whole). Beside it, the
         text of every document the plan writes (encoded once)."""
-        call = script_call(raw, plan, self.prefix, compare_unchecked=guessed)
+        call = script_call(
+            raw, plan, self.prefix, compare_unchecked=guessed, fence_ms=self._fence()
+        )
         self.events.round_trip()
         if self.wait_replicas > 0:
             result = self._cas_and_wait(call.keys, call.args, deadline)
@@ -272,8 +290,23 @@ class RedisStore(Store):
             result = self._evalsha(call.keys, call.args)
         if result == 1:
             return None, call.texts
+        if result == FENCED:
+            self._policy_at = -math.inf  # measure the clocks again before the next one
+            raise redis.TimeoutError("the compare-and-set ran past its fence: nothing written")
         now = cast(list[str | None], result)[1:]
         return dict(zip(call.doc_keys, now, strict=True)), call.texts
+
+    def _fence(self) -> int | None:
+        """The latest server time (epoch milliseconds) at which the
+        compare-and-set about to be sent may still write: a margin before this
+        process stops waiting for its answer (the socket timeout). A store that
+        pauses past it (a stall, a stopped process) and then runs the script
+        writes nothing, so a decision answered 503 never lands later. None
+        while the clocks were never compared (no fence)."""
+        if self._clock_offset_s is None:
+            return None
+        waits = self.socket_timeout_s
+        return int((time.time() + self._clock_offset_s + waits - FENCE_MARGIN * waits) * 1000)
 
     def _evalsha(self, keys: list[bytes], args: list[bytes]) -> Any:
         """``EVALSHA`` of ``cas.lua`` as redis-py's ``Script`` sends it, less

@@ -1,0 +1,80 @@
+"""A write the caller stopped waiting for never lands later: a store that
+pauses (a stall, a stopped process) with a compare-and-set queued and runs
+it after the decision was answered 503 writes nothing, because the write
+carries a fence (the latest server time it may still apply at)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import PostgresServer, RedisServer
+from sidecar.errors import StoreUnavailable
+from sidecar.store import Plan, Snapshot, Store, Write, store_from_url
+from sidecar.store.base import TxnFn
+
+pytestmark = pytest.mark.all_stores
+
+
+def _reserve(key: str) -> TxnFn[str]:
+    """Reserve ``key`` if absent (a first begin's shape)."""
+
+    def fn(snap: Snapshot) -> Plan[str]:
+        if snap.get(key) is None:
+            return Plan("new", {key: Write({"n": 1})})
+        return Plan("replay")
+
+    return fn
+
+
+def _pids(store_url: str, request: pytest.FixtureRequest) -> list[int]:
+    if store_url.startswith("redis"):
+        server: RedisServer = request.getfixturevalue("redis_server")
+        assert server.proc is not None
+        return [server.proc.pid]
+    pg: PostgresServer = request.getfixturevalue("postgres_server")
+    assert pg.proc is not None
+    children = subprocess.run(
+        ["pgrep", "-P", str(pg.proc.pid)], capture_output=True, text=True, check=False
+    )
+    return [pg.proc.pid, *map(int, children.stdout.split())]
+
+
+def _open(store_url: str) -> Store:
+    store = store_from_url(store_url, timeout_s=1.0)
+    store.ensure_schema()
+    return store
+
+
+def test_a_guess_answered_503_while_the_store_paused_writes_nothing_later(
+    store_url: str, request: pytest.FixtureRequest
+) -> None:
+    """The write of a decision on a guess (a first begin: the id is new) is
+    sent before the store has answered anything; the store pauses past the
+    decision's deadline with it queued, then runs it. The decision was a 503,
+    so the write must not be there."""
+    if store_url.startswith("sqlite"):
+        pytest.skip("a SQLite file has no server to pause")
+    store = _open(store_url)
+    try:
+        # Connections open, clocks compared, Redis's script loaded (else the
+        # queued write would only have met NOSCRIPT).
+        assert store.transact(["warm"], _reserve("warm"), absent_likely=True) == "new"
+        pids = _pids(store_url, request)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailable):
+                store.transact(["op"], _reserve("op"), absent_likely=True)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        time.sleep(0.3)  # the queued write, had it run, is in by now
+        assert store.get("op") is None
+        assert store.transact(["op"], _reserve("op"), absent_likely=True) == "new"
+    finally:
+        store.close()
