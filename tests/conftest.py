@@ -302,6 +302,22 @@ class PostgresServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def store_server_pids(store_url: str, request: pytest.FixtureRequest) -> list[int]:
+    """The processes of the session's server behind ``store_url`` (Redis's, or
+    PostgreSQL's postmaster and its backends): what a test pauses with SIGSTOP
+    to make the store stop answering."""
+    if store_url.startswith("redis"):
+        server: RedisServer = request.getfixturevalue("redis_server")
+        assert server.proc is not None
+        return [server.proc.pid]
+    pg: PostgresServer = request.getfixturevalue("postgres_server")
+    assert pg.proc is not None
+    children = subprocess.run(
+        ["pgrep", "-P", str(pg.proc.pid)], capture_output=True, text=True, check=False
+    )
+    return [pg.proc.pid, *map(int, children.stdout.split())]
+
+
 def sql_rows(store_url: str, table: str) -> list[tuple[Any, ...]]:
     """Every row of a SQL store's table, sorted: ``kv`` (key, doc, expires_at)
     or ``idx`` (name, member, score), on SQLite or PostgreSQL."""

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 
-from conftest import PostgresServer, RedisServer
+from conftest import store_server_pids
 from sidecar.errors import StoreUnavailable
 from sidecar.store import Plan, Snapshot, Store, Write, store_from_url
 from sidecar.store.base import TxnFn
@@ -29,19 +28,6 @@ def _reserve(key: str) -> TxnFn[str]:
         return Plan("replay")
 
     return fn
-
-
-def _pids(store_url: str, request: pytest.FixtureRequest) -> list[int]:
-    if store_url.startswith("redis"):
-        server: RedisServer = request.getfixturevalue("redis_server")
-        assert server.proc is not None
-        return [server.proc.pid]
-    pg: PostgresServer = request.getfixturevalue("postgres_server")
-    assert pg.proc is not None
-    children = subprocess.run(
-        ["pgrep", "-P", str(pg.proc.pid)], capture_output=True, text=True, check=False
-    )
-    return [pg.proc.pid, *map(int, children.stdout.split())]
 
 
 def _open(store_url: str) -> Store:
@@ -64,7 +50,7 @@ def test_a_guess_answered_503_while_the_store_paused_writes_nothing_later(
         # Connections open, clocks compared, Redis's script loaded (else the
         # queued write would only have met NOSCRIPT).
         assert store.transact(["warm"], _reserve("warm"), absent_likely=True) == "new"
-        pids = _pids(store_url, request)
+        pids = store_server_pids(store_url, request)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:

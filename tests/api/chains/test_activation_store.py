@@ -1,25 +1,46 @@
-"""Activations and their store: through two sidecar instances on one store,
-through a store that stops answering, and over counters damaged in the store.
-The workflow's rate is counted across instances, a delivery one instance took
-is a duplicate for the other, an activation answered 503 has admitted nothing
-(its redelivery proceeds), and a counter that is not a count fails closed."""
+"""Activations and their store. An activation decides on a guess (the keys
+this instance last saw, the others absent), one round trip for a new event;
+the workflow's rate counters, which other instances move, are checked at
+commit against the side of the limit the decision stood on. Through two
+instances on one store the rate is counted across both and a delivery one
+took is a duplicate for the other; an activation answered 503 while the store
+stalled admitted nothing, ever (its write is fenced); a counter that is not
+a count fails closed."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import pytest
+from flask import Flask
 from test_chains_api import activate
 
-from conftest import Api, AppFactory, Clock, PostgresServer, RedisServer
+from conftest import Api, AppFactory, Clock, store_server_pids
 from sidecar.service import keys
 from sidecar.store import Plan, Snapshot, Write, store_from_url
 
 pytestmark = pytest.mark.all_stores
 
 LIMITS = {"workflow_rate_limit": 5, "workflow_rate_window_s": 60, "rate_limit": 100}
+
+
+def _trips(app: Flask) -> float:
+    registry = app.extensions["loopstop"].metrics.registry
+    return registry.get_sample_value("loopstop_store_round_trips_total") or 0.0
+
+
+def test_a_new_event_is_one_round_trip(make_app: AppFactory, store_url: str) -> None:
+    """It decides on a guess (the keys this instance last saw, the others
+    absent; the rate counters checked against the limit at commit)."""
+    if store_url.startswith("sqlite"):
+        pytest.skip("SQLite makes no round trips")
+    app = make_app(chains={"default": LIMITS})
+    api = Api(app.test_client())
+    assert activate(api, event_key="first")["reason"] == "new_chain"
+    before = _trips(app)
+    assert activate(api, event_key="second", subject_key="s2")["reason"] == "new_chain"
+    assert _trips(app) - before == 1
 
 
 def test_two_instances_admit_no_more_than_the_workflow_rate_between_them(
@@ -42,20 +63,6 @@ def test_a_delivery_another_instance_took_is_a_duplicate(make_app: AppFactory) -
     assert activate(first, event_key="row-7", content={"v": 1})["reason"] == "duplicate_event"
 
 
-def _server_pids(store_url: str, request: pytest.FixtureRequest) -> list[int]:
-    """The store's processes (PostgreSQL's postmaster and its backends)."""
-    if store_url.startswith("redis"):
-        server: RedisServer = request.getfixturevalue("redis_server")
-        assert server.proc is not None
-        return [server.proc.pid]
-    pg: PostgresServer = request.getfixturevalue("postgres_server")
-    assert pg.proc is not None
-    children = subprocess.run(
-        ["pgrep", "-P", str(pg.proc.pid)], capture_output=True, text=True, check=False
-    )
-    return [pg.proc.pid, *map(int, children.stdout.split())]
-
-
 def test_an_activation_answered_503_admitted_nothing(
     make_app: AppFactory, store_url: str, request: pytest.FixtureRequest
 ) -> None:
@@ -68,7 +75,7 @@ def test_an_activation_answered_503_admitted_nothing(
         pytest.skip("a SQLite file has no server to pause")
     api = Api(make_app(chains={"default": LIMITS}, store_timeout_s=1.0).test_client())
     assert activate(api, event_key="warm")["reason"] == "new_chain"  # connections open
-    pids = _server_pids(store_url, request)
+    pids = store_server_pids(store_url, request)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
