@@ -64,7 +64,7 @@ from sidecar.store.plan import (
 
 __all__ = [
     "CLOCK_CHECK_S",
-    "FENCE_MARGIN",
+    "FENCE_MARGIN_S",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "Bound",
@@ -83,8 +83,10 @@ __all__ = [
     "TxnFn",
     "Write",
     "check_parameters",
+    "clock_offset",
     "decode_doc",
     "encode_doc",
+    "fence_margin",
 ]
 
 log = logging.getLogger("loopstop.store")
@@ -92,13 +94,28 @@ log = logging.getLogger("loopstop.store")
 #: The layout version this code reads and writes. Bump it with a migration.
 SCHEMA_VERSION = 1
 
-#: The share of the time a caller waits for a write's answer kept between the
-#: write's fence (the latest server time it may still apply at) and the moment
-#: the caller stops waiting: an answer sent just before the fence still arrives
-#: in time, and a clock compared a little off still fences.
-FENCE_MARGIN = 0.25
+#: Seconds kept, at most, between a write's fence (the latest time on the
+#: store server's clock it may still apply at) and the moment its caller
+#: stops waiting for the answer: an answer sent just before the fence still
+#: arrives in time.
+FENCE_MARGIN_S = 0.1
 #: Seconds between two comparisons of a store server's clock with this host's.
 CLOCK_CHECK_S = 5.0
+
+
+def fence_margin(wait_s: float) -> float:
+    """Seconds between a write's fence and the end of a wait of ``wait_s``
+    seconds for its answer: :data:`FENCE_MARGIN_S`, or a quarter of a shorter wait."""
+    return min(FENCE_MARGIN_S, wait_s / 4)
+
+
+def clock_offset(server_s: float, answered_s: float) -> float:
+    """The store server's clock minus this host's (seconds), from the server's
+    reading ``server_s`` and the local time its answer arrived: the server read
+    its clock before that, so the offset is never overstated and a fence built
+    on it falls early, never late (a slow answer only makes it earlier)."""
+    return server_s - answered_s
+
 
 #: Meta entries every store keeps beside its documents.
 META_SCHEMA = "schema_version"

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from conftest import store_server_pids
+from conftest import PostgresServer, store_server_pids
 from sidecar.errors import StoreUnavailable
 from sidecar.store import Plan, Snapshot, Store, Write, store_from_url
 from sidecar.store.base import TxnFn
+from sidecar.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.all_stores
 
@@ -62,5 +63,44 @@ def test_a_guess_answered_503_while_the_store_paused_writes_nothing_later(
         time.sleep(0.3)  # the queued write, had it run, is in by now
         assert store.get("op") is None
         assert store.transact(["op"], _reserve("op"), absent_likely=True) == "new"
+    finally:
+        store.close()
+
+
+def test_a_write_fenced_by_a_clock_compared_wrong_is_decided_again(store_url: str) -> None:
+    """A fence that falls too early (the server's clock stepped back since
+    the last comparison) refuses the write, which is then known unwritten:
+    the store compares the clocks again and decides once more, in time; the
+    caller never sees a 503 for it."""
+    if store_url.startswith("sqlite"):
+        pytest.skip("SQLite has no server clock")
+    store = _open(store_url)
+    try:
+        assert store.transact(["warm"], _reserve("warm"), absent_likely=True) == "new"
+        for key, guess in (("read", False), ("guessed", True)):
+            store._clock_offset_s = (store._clock_offset_s or 0.0) - 30  # type: ignore[attr-defined]
+            assert store.transact([key], _reserve(key), absent_likely=guess) == "new"
+            assert store.transact([key], _reserve(key), absent_likely=guess) == "replay"
+            assert store.get(key) == {"n": 1}
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_serializable_transactions_are_fenced_too(postgres_server: PostgresServer) -> None:
+    """Under ``?isolation=serializable`` the commit pipeline carries the fence
+    as well: with the clocks held compared 30 s wrong, every write is refused
+    until the deadline, and nothing is there."""
+    postgres_server.reset()
+    store = PostgresStore(postgres_server.url + "?isolation=serializable", timeout_s=1.0)
+    store.ensure_schema()
+    try:
+        assert store.transact(["warm"], _reserve("warm")) == "new"
+        assert store._clock_offset_s is not None  # compared, as in the default mode
+        store._clock_offset_s -= 30
+        store._compare_clocks = lambda conn: None  # type: ignore[method-assign]
+        with pytest.raises(StoreUnavailable):
+            store.transact(["op"], _reserve("op"))
+        assert store.get("op") is None
     finally:
         store.close()

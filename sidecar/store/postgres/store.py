@@ -23,7 +23,6 @@ from psycopg import errors as pgerrors
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
     CLOCK_CHECK_S,
-    FENCE_MARGIN,
     META_ID,
     META_SCHEMA,
     SCHEMA_VERSION,
@@ -36,7 +35,9 @@ from sidecar.store.base import (
     StoreOptions,
     T,
     TxnFn,
+    clock_offset,
     decode_doc,
+    fence_margin,
 )
 from sidecar.store.postgres import pipeline, sql
 from sidecar.store.postgres.connection import (
@@ -55,6 +56,10 @@ log = logging.getLogger("loopstop.store")
 
 class _NotGuessed(Exception):
     """A transaction decided on a guess read a key it had not declared."""
+
+
+class _Fenced(Exception):
+    """The commit pipeline ran past its fence and wrote nothing (``LS408``)."""
 
 
 class _Conflict(Exception):
@@ -177,6 +182,7 @@ class PostgresStore(Store):
             raise
         except psycopg.OperationalError as exc:
             if deadlines.disarm(conn):  # the deadline ended the connection: say so
+                self._clock_at = -math.inf  # a stall: compare the clocks again next time
                 raise psycopg.OperationalError("no answer from the server by the deadline") from exc
             raise
         finally:
@@ -199,25 +205,23 @@ class PostgresStore(Store):
     def _compare_clocks(self, conn: PooledConnection) -> None:
         """Measure the server's clock against this host's, at most every
         :data:`CLOCK_CHECK_S` (one statement; not a decision's round trip)."""
-        if time.monotonic() - self._clock_at < CLOCK_CHECK_S or self.serializable:
+        if time.monotonic() - self._clock_at < CLOCK_CHECK_S:
             return
-        sent = time.time()
         row = conn.execute(sql.CLOCK).fetchone()
-        answered = time.time()
         if row is not None:
-            # The server read its clock about half-way through the round trip.
-            self._clock_offset_s = float(row[0]) - (sent + answered) / 2
+            self._clock_offset_s = clock_offset(float(row[0]), time.time())
             self._clock_at = time.monotonic()
 
     def fence(self, deadline: float) -> float | None:
         """The latest server time (epoch seconds) at which a pipeline sent now
-        may still write: a margin (:data:`FENCE_MARGIN` of the time left)
+        may still write: a margin (:func:`~sidecar.store.base.fence_margin`)
         before ``deadline`` (``time.monotonic``), when this process stops
         waiting for it. None while the clocks were never compared."""
-        if self._clock_offset_s is None:
+        offset = self._clock_offset_s
+        if offset is None:
             return None
         left = max(0.0, deadline - time.monotonic())
-        return time.time() + self._clock_offset_s + left * (1 - FENCE_MARGIN)
+        return float(time.time() + offset + left - fence_margin(left))
 
     # -- interface ---------------------------------------------------------
 
@@ -281,6 +285,17 @@ class PostgresStore(Store):
                     hot[key] = hot.get(key, False) or key in conflict.written
                 pipeline.rollback(conn)
                 self.events.conflict()
+            except _Fenced:
+                # Nothing written: the server ran the pipeline past its fence
+                # (it stalled, or the clocks moved). Compare them again, then
+                # read afresh and decide once more while time is left.
+                pipeline.rollback(conn)
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(
+                        "postgres store: no decision within the deadline"
+                    ) from None
+                self._clock_at = -math.inf
+                self._compare_clocks(conn)
             except _RETRYABLE:
                 pipeline.rollback(conn)
                 self.events.conflict()
@@ -389,8 +404,8 @@ class PostgresStore(Store):
             self.recent.after(raw, plan, None, texts)
             return plan
         self.recent.forget(compared)
-        if failure.sqlstate == "LS408":  # past its fence: compare the clocks again
-            self._clock_at = -math.inf
+        if failure.sqlstate == "LS408":
+            raise _Fenced() from failure
         if failure.sqlstate == "LS409":
             raise _Conflict(set(plan.writes), set(compared)) from failure
         if isinstance(failure, pgerrors.InvalidParameterValue):

@@ -15,7 +15,6 @@ import redis
 
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
-    FENCE_MARGIN,
     META_ID,
     Doc,
     Plan,
@@ -24,7 +23,9 @@ from sidecar.store.base import (
     StoreOptions,
     T,
     TxnFn,
+    clock_offset,
     decode_doc,
+    fence_margin,
 )
 from sidecar.store.recent import RecentValues
 from sidecar.store.redis import connection
@@ -32,6 +33,10 @@ from sidecar.store.redis.attempt import Reads, decide
 from sidecar.store.redis.script import CAS, FENCED, script_call, serialized
 
 log = logging.getLogger("loopstop.store")
+
+
+class _Fenced(Exception):
+    """The compare-and-set ran past its fence and wrote nothing."""
 
 
 class RedisStore(Store):
@@ -133,12 +138,9 @@ class RedisStore(Store):
                 pipe = self.client.pipeline(transaction=False)
                 pipe.info("memory")
                 pipe.time()
-                sent = time.time()
                 memory, (seconds, micros) = pipe.execute()
-                answered = time.time()
             policy = str(memory.get("maxmemory_policy", "noeviction"))
-            # The server read its clock about half-way through the round trip.
-            self._clock_offset_s = seconds + micros / 1e6 - (sent + answered) / 2
+            self._clock_offset_s = clock_offset(seconds + micros / 1e6, time.time())
             self._policy_at = now
             if policy != "noeviction":
                 if self._policy_bad != policy:
@@ -204,7 +206,18 @@ class RedisStore(Store):
             try:
                 current, texts = self._compare_and_set(reads.raw, plan, deadline, guessing)
                 self.recent.after(reads.raw, plan, current, texts)
+            except _Fenced:
+                # Nothing written: the store ran the script past its fence (it
+                # stalled, or the clocks moved). Compare them again, then read
+                # afresh and decide once more while time is left.
+                self._policy_at = -math.inf
+                if time.monotonic() >= deadline:
+                    raise redis.TimeoutError(f"no decision within {self.timeout_s} s") from None
+                self._guard()
+                seed, guessing = None, False
+                continue
             except redis.TimeoutError:
+                self._policy_at = -math.inf  # a stall: compare the clocks again next time
                 if time.monotonic() >= deadline:
                     raise  # one deadline per decision: no second wait stacks on it
                 # The script may have run: if every write is in place, it did.
@@ -291,22 +304,23 @@ class RedisStore(Store):
         if result == 1:
             return None, call.texts
         if result == FENCED:
-            self._policy_at = -math.inf  # measure the clocks again before the next one
-            raise redis.TimeoutError("the compare-and-set ran past its fence: nothing written")
+            raise _Fenced()
         now = cast(list[str | None], result)[1:]
         return dict(zip(call.doc_keys, now, strict=True)), call.texts
 
     def _fence(self) -> int | None:
         """The latest server time (epoch milliseconds) at which the
-        compare-and-set about to be sent may still write: a margin before this
-        process stops waiting for its answer (the socket timeout). A store that
+        compare-and-set about to be sent may still write: a margin
+        (:func:`~sidecar.store.base.fence_margin`) before this process stops
+        waiting for its answer (the socket timeout, counted from a moment
+        after now). A store that
         pauses past it (a stall, a stopped process) and then runs the script
         writes nothing, so a decision answered 503 never lands later. None
         while the clocks were never compared (no fence)."""
         if self._clock_offset_s is None:
             return None
         waits = self.socket_timeout_s
-        return int((time.time() + self._clock_offset_s + waits - FENCE_MARGIN * waits) * 1000)
+        return int((time.time() + self._clock_offset_s + waits - fence_margin(waits)) * 1000)
 
     def _evalsha(self, keys: list[bytes], args: list[bytes]) -> Any:
         """``EVALSHA`` of ``cas.lua`` as redis-py's ``Script`` sends it, less
