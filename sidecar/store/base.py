@@ -64,6 +64,7 @@ from sidecar.store.plan import (
 
 __all__ = [
     "CLOCK_CHECK_S",
+    "CLOCK_RETRY_S",
     "FENCE_MARGIN_S",
     "MIGRATIONS",
     "SCHEMA_VERSION",
@@ -101,6 +102,8 @@ SCHEMA_VERSION = 1
 FENCE_MARGIN_S = 0.1
 #: Seconds between two comparisons of a store server's clock with this host's.
 CLOCK_CHECK_S = 5.0
+#: Seconds before a comparison whose reading was too loose is made again.
+CLOCK_RETRY_S = 0.5
 
 
 def fence_margin(wait_s: float) -> float:
@@ -109,11 +112,16 @@ def fence_margin(wait_s: float) -> float:
     return min(FENCE_MARGIN_S, wait_s / 4)
 
 
-def clock_offset(server_s: float, answered_s: float) -> float:
+def clock_offset(server_s: float, sent_s: float, answered_s: float) -> float | None:
     """The store server's clock minus this host's (seconds), from the server's
-    reading ``server_s`` and the local time its answer arrived: the server read
-    its clock before that, so the offset is never overstated and a fence built
-    on it falls early, never late (a slow answer only makes it earlier)."""
+    reading ``server_s`` and the local times the question left (``sent_s``)
+    and its answer was seen (``answered_s``). The server read its clock before
+    the answer was seen, so the offset is never overstated and a fence built
+    on it falls early, never late. None when the two local times lie more
+    than :data:`FENCE_MARGIN_S` apart (a stall, or this thread waiting for the
+    interpreter): so loose a reading would set fences needlessly early."""
+    if answered_s - sent_s > FENCE_MARGIN_S:
+        return None
     return server_s - answered_s
 
 

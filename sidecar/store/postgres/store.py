@@ -23,6 +23,7 @@ from psycopg import errors as pgerrors
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
     CLOCK_CHECK_S,
+    CLOCK_RETRY_S,
     META_ID,
     META_SCHEMA,
     SCHEMA_VERSION,
@@ -207,10 +208,15 @@ class PostgresStore(Store):
         :data:`CLOCK_CHECK_S` (one statement; not a decision's round trip)."""
         if time.monotonic() - self._clock_at < CLOCK_CHECK_S:
             return
+        sent = time.time()
         row = conn.execute(sql.CLOCK).fetchone()
-        if row is not None:
-            self._clock_offset_s = clock_offset(float(row[0]), time.time())
-            self._clock_at = time.monotonic()
+        answered = time.time()
+        self._clock_at = time.monotonic()
+        offset = None if row is None else clock_offset(float(row[0]), sent, answered)
+        if offset is not None:
+            self._clock_offset_s = offset
+        else:  # too loose a reading: keep the last, and read again soon
+            self._clock_at -= CLOCK_CHECK_S - CLOCK_RETRY_S
 
     def fence(self, deadline: float) -> float | None:
         """The latest server time (epoch seconds) at which a pipeline sent now

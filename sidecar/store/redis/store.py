@@ -15,6 +15,7 @@ import redis
 
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
+    CLOCK_RETRY_S,
     META_ID,
     Doc,
     Plan,
@@ -138,10 +139,16 @@ class RedisStore(Store):
                 pipe = self.client.pipeline(transaction=False)
                 pipe.info("memory")
                 pipe.time()
+                sent = time.time()
                 memory, (seconds, micros) = pipe.execute()
+                answered = time.time()
             policy = str(memory.get("maxmemory_policy", "noeviction"))
-            self._clock_offset_s = clock_offset(seconds + micros / 1e6, time.time())
             self._policy_at = now
+            offset = clock_offset(seconds + micros / 1e6, sent, answered)
+            if offset is not None:
+                self._clock_offset_s = offset
+            else:  # too loose a reading: keep the last, and read again soon
+                self._policy_at = now - self.policy_check_s + CLOCK_RETRY_S
             if policy != "noeviction":
                 if self._policy_bad != policy:
                     log.error(
