@@ -14,7 +14,7 @@ import pytest
 from conftest import PostgresServer, store_server_pids
 from sidecar.errors import StoreUnavailable
 from sidecar.store import Plan, Snapshot, Store, Write, store_from_url
-from sidecar.store.base import TxnFn
+from sidecar.store.base import FENCE_MARGIN_S, TxnFn, clock_offset, fence_margin
 from sidecar.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.all_stores
@@ -104,3 +104,13 @@ def test_serializable_transactions_are_fenced_too(postgres_server: PostgresServe
         assert store.get("op") is None
     finally:
         store.close()
+
+
+def test_a_clock_comparison_errs_early_and_sets_loose_readings_aside() -> None:
+    """The offset is taken at the answer's arrival (the server read its clock
+    before it), never overstated; a reading whose round trip outlasted the
+    fence's margin is no reading at all."""
+    assert clock_offset(1000.0, sent_s=10.0, answered_s=10.02) == pytest.approx(990.0 - 0.02)
+    assert clock_offset(1000.0, sent_s=10.0, answered_s=10.0 + FENCE_MARGIN_S + 0.01) is None
+    assert fence_margin(2.0) == FENCE_MARGIN_S
+    assert fence_margin(0.2) == pytest.approx(0.05)
