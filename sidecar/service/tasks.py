@@ -333,7 +333,9 @@ class TaskService:
             self._save(txn, ns, task, new, execution_id, exceeded)
             return None, new
 
-        return self._update(principal, ns, task_id, step, self.scopes.all_keys(ns, task_id))
+        return self._update(
+            principal, ns, task_id, step, self.scopes.all_keys(ns, task_id), recent_likely=True
+        )
 
     def settle_model_call(
         self,
@@ -355,6 +357,7 @@ class TaskService:
                 core.settle_model_call(task, reserved_cost, actual_cost, tokens, txn.now, turn_id)
             ),
             self.scopes.stop_keys(ns, task_id),
+            recent_likely=True,
         )
 
     def tool_call(
