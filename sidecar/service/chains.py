@@ -241,6 +241,7 @@ class ChainService:
         # A worker whose clock is behind another's still counts what that one
         # already counted in the next window.
         wf_rate_next = keys.workflow_rate(ns, wf, window_no + 1)
+        rate_keys = (wf_rate_prev, wf_rate_key, wf_rate_next)
         wf_stop_key = keys.workflow_stop(wf)
         fresh_chain = new_chain_id()
         req = ActivationRequest(
@@ -295,9 +296,9 @@ class ChainService:
                 stops = {
                     cid: st for cid in chains if (st := txn.read(STOPS, keys.chain_stop(ns, cid)))
                 }
-            counts = [txn.count(k, "count") for k in (wf_rate_prev, wf_rate_key, wf_rate_next)]
+            counts = [txn.count(k, "count") for k in rate_keys]
             # Only increments change the rate counters: the decision tolerates them moving.
-            txn.tolerate((wf_rate_prev, wf_rate_key, wf_rate_next))
+            txn.tolerate(rate_keys)
             state = ActivationState(
                 workflow_stop=txn.read(STOPS, wf_stop_key),
                 seen=txn.read(seen_records, seen_key),
@@ -321,7 +322,6 @@ class ChainService:
             if (bound := changes.rate_bound) is not None:
                 # Decided on guessed counts, the decision holds while the
                 # estimate stays on the same side of the limit.
-                rate_keys = (wf_rate_prev, wf_rate_key, wf_rate_next)
                 weights = (bound.previous_weight, 1.0, 1.0)
                 txn.bound(Bound(rate_keys, weights, "count", bound.below, bound.at_least))
             return outcome

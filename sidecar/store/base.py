@@ -40,7 +40,9 @@ import abc
 import functools
 import inspect
 import logging
+import math
 import secrets
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,6 +77,7 @@ __all__ = [
     "IndexEntry",
     "Migration",
     "Plan",
+    "ServerClock",
     "Snapshot",
     "Store",
     "StoreEvents",
@@ -123,6 +126,47 @@ def clock_offset(server_s: float, sent_s: float, answered_s: float) -> float | N
     if answered_s - sent_s > FENCE_MARGIN_S:
         return None
     return server_s - answered_s
+
+
+class ServerClock:
+    """A store server's clock compared with this host's, for fences
+    (:func:`clock_offset`): compared again every ``every_s`` seconds, after
+    :data:`CLOCK_RETRY_S` when a reading was too loose, and at the next
+    chance once :meth:`stale` (a stall, a fenced write).
+
+    :ivar offset_s: the server's clock minus this host's (None: never compared).
+    """
+
+    def __init__(self, every_s: float = CLOCK_CHECK_S) -> None:
+        self.every_s = every_s
+        self.offset_s: float | None = None
+        self._due_at = -math.inf
+
+    def due(self) -> bool:
+        """Whether the clocks should be compared before the next write."""
+        return time.monotonic() >= self._due_at
+
+    def stale(self) -> None:
+        """Compare the clocks at the next chance."""
+        self._due_at = -math.inf
+
+    def read(self, server_s: float, sent_s: float, answered_s: float) -> None:
+        """Take a comparison (:func:`clock_offset`'s arguments); a loose one
+        keeps the last offset and is made again soon."""
+        offset = clock_offset(server_s, sent_s, answered_s)
+        if offset is None:
+            self._due_at = time.monotonic() + CLOCK_RETRY_S
+        else:
+            self.offset_s = offset
+            self._due_at = time.monotonic() + self.every_s
+
+    def fence(self, wait_s: float) -> float | None:
+        """The latest server time (epoch seconds) at which a write sent now may
+        still apply, when its caller waits ``wait_s`` seconds more for the
+        answer: :func:`fence_margin` before that. None while never compared."""
+        if self.offset_s is None:
+            return None
+        return time.time() + self.offset_s + wait_s - fence_margin(wait_s)
 
 
 #: Meta entries every store keeps beside its documents.

@@ -78,7 +78,8 @@ def test_a_write_fenced_by_a_clock_compared_wrong_is_decided_again(store_url: st
     try:
         assert store.transact(["warm"], _reserve("warm"), absent_likely=True) == "new"
         for key, guess in (("read", False), ("guessed", True)):
-            store._clock_offset_s = (store._clock_offset_s or 0.0) - 30  # type: ignore[attr-defined]
+            clock = store.server_clock  # type: ignore[attr-defined]
+            clock.offset_s = (clock.offset_s or 0.0) - 30
             assert store.transact([key], _reserve(key), absent_likely=guess) == "new"
             assert store.transact([key], _reserve(key), absent_likely=guess) == "replay"
             assert store.get(key) == {"n": 1}
@@ -96,8 +97,8 @@ def test_serializable_transactions_are_fenced_too(postgres_server: PostgresServe
     store.ensure_schema()
     try:
         assert store.transact(["warm"], _reserve("warm")) == "new"
-        assert store._clock_offset_s is not None  # compared, as in the default mode
-        store._clock_offset_s -= 30
+        assert store.server_clock.offset_s is not None  # compared, as in the default mode
+        store.server_clock.offset_s -= 30
         store._compare_clocks = lambda conn: None  # type: ignore[method-assign]
         with pytest.raises(StoreUnavailable):
             store.transact(["op"], _reserve("op"))

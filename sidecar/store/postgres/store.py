@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 import threading
@@ -22,23 +21,20 @@ from psycopg import errors as pgerrors
 
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
-    CLOCK_CHECK_S,
-    CLOCK_RETRY_S,
     META_ID,
     META_SCHEMA,
     SCHEMA_VERSION,
     Doc,
     Migration,
     Plan,
+    ServerClock,
     Snapshot,
     Store,
     StoreEvents,
     StoreOptions,
     T,
     TxnFn,
-    clock_offset,
     decode_doc,
-    fence_margin,
 )
 from sidecar.store.postgres import pipeline, sql
 from sidecar.store.postgres.connection import (
@@ -142,11 +138,8 @@ class PostgresStore(Store):
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._swept_at = time.monotonic()
-        #: The server's clock minus this host's (seconds), as last measured
-        #: (None: not yet), and when (``time.monotonic``): fences are given
-        #: in server time.
-        self._clock_offset_s: float | None = None
-        self._clock_at = -math.inf
+        #: The server's clock against this one: fences are given in server time.
+        self.server_clock = ServerClock()
 
     # -- connections -------------------------------------------------------
 
@@ -183,7 +176,7 @@ class PostgresStore(Store):
             raise
         except psycopg.OperationalError as exc:
             if deadlines.disarm(conn):  # the deadline ended the connection: say so
-                self._clock_at = -math.inf  # a stall: compare the clocks again next time
+                self.server_clock.stale()  # a stall: compare the clocks again next time
                 raise psycopg.OperationalError("no answer from the server by the deadline") from exc
             raise
         finally:
@@ -204,32 +197,21 @@ class PostgresStore(Store):
         return self.url_redacted
 
     def _compare_clocks(self, conn: PooledConnection) -> None:
-        """Measure the server's clock against this host's, at most every
-        :data:`CLOCK_CHECK_S` (one statement; not a decision's round trip)."""
-        if time.monotonic() - self._clock_at < CLOCK_CHECK_S:
+        """Compare the server's clock with this host's when it is due
+        (:class:`~sidecar.store.base.ServerClock`; one statement, not a
+        decision's round trip)."""
+        if not self.server_clock.due():
             return
         sent = time.time()
         row = conn.execute(sql.CLOCK).fetchone()
-        answered = time.time()
-        self._clock_at = time.monotonic()
-        offset = None if row is None else clock_offset(float(row[0]), sent, answered)
-        if offset is not None:
-            self._clock_offset_s = offset
-        else:  # too loose a reading: keep the last, and read again soon
-            self._clock_at -= CLOCK_CHECK_S - CLOCK_RETRY_S
+        if row is not None:
+            self.server_clock.read(float(row[0]), sent, time.time())
 
     def fence(self, deadline: float) -> float | None:
         """The latest server time (epoch seconds) at which a pipeline sent now
-        may still write: a margin (:func:`~sidecar.store.base.fence_margin`)
-        before ``deadline`` (``time.monotonic``), when this process stops
-        waiting for it. None while the clocks were never compared."""
-        offset = self._clock_offset_s
-        if offset is None:
-            return None
-        left = max(0.0, deadline - time.monotonic())
-        return float(time.time() + offset + left - fence_margin(left))
-
-    # -- interface ---------------------------------------------------------
+        may still write: a margin before ``deadline`` (``time.monotonic``),
+        when this process stops waiting for it (None: never compared)."""
+        return self.server_clock.fence(max(0.0, deadline - time.monotonic()))
 
     def transact(
         self,
@@ -300,7 +282,7 @@ class PostgresStore(Store):
                     raise StoreUnavailable(
                         "postgres store: no decision within the deadline"
                     ) from None
-                self._clock_at = -math.inf
+                self.server_clock.stale()
                 self._compare_clocks(conn)
             except _RETRYABLE:
                 pipeline.rollback(conn)

@@ -15,18 +15,16 @@ import redis
 
 from sidecar.errors import StoreUnavailable
 from sidecar.store.base import (
-    CLOCK_RETRY_S,
     META_ID,
     Doc,
     Plan,
+    ServerClock,
     Store,
     StoreEvents,
     StoreOptions,
     T,
     TxnFn,
-    clock_offset,
     decode_doc,
-    fence_margin,
 )
 from sidecar.store.recent import RecentValues
 from sidecar.store.redis import connection
@@ -92,14 +90,13 @@ class RedisStore(Store):
         self.sentinel = reached.sentinel
         self.url_redacted = reached.url_redacted
         self.socket_timeout_s = reached.socket_timeout_s
-        #: The server's clock minus this host's (seconds), as last measured
-        #: (None: not yet): a compare-and-set's fence is given in server time.
-        self._clock_offset_s: float | None = None
         self.prefix = prefix
         self.max_retries = max_retries
         self.timeout_s = timeout_s
         self.wait_replicas = wait_replicas
         self.policy_check_s = policy_check_s
+        #: The server's clock against this one: fences are given in server time.
+        self.server_clock = ServerClock(policy_check_s)
         self._policy_at = -math.inf
         self._policy_bad: str | None = None
         self.events = events or StoreEvents()
@@ -134,7 +131,7 @@ class RedisStore(Store):
         """
         self._guard_identity()
         now = time.monotonic()
-        if now - self._policy_at >= self.policy_check_s:
+        if now - self._policy_at >= self.policy_check_s or self.server_clock.due():
             with self._errors():
                 pipe = self.client.pipeline(transaction=False)
                 pipe.info("memory")
@@ -144,11 +141,7 @@ class RedisStore(Store):
                 answered = time.time()
             policy = str(memory.get("maxmemory_policy", "noeviction"))
             self._policy_at = now
-            offset = clock_offset(seconds + micros / 1e6, sent, answered)
-            if offset is not None:
-                self._clock_offset_s = offset
-            else:  # too loose a reading: keep the last, and read again soon
-                self._policy_at = now - self.policy_check_s + CLOCK_RETRY_S
+            self.server_clock.read(seconds + micros / 1e6, sent, answered)
             if policy != "noeviction":
                 if self._policy_bad != policy:
                     log.error(
@@ -217,14 +210,14 @@ class RedisStore(Store):
                 # Nothing written: the store ran the script past its fence (it
                 # stalled, or the clocks moved). Compare them again, then read
                 # afresh and decide once more while time is left.
-                self._policy_at = -math.inf
+                self.server_clock.stale()
                 if time.monotonic() >= deadline:
                     raise redis.TimeoutError(f"no decision within {self.timeout_s} s") from None
                 self._guard()
                 seed, guessing = None, False
                 continue
             except redis.TimeoutError:
-                self._policy_at = -math.inf  # a stall: compare the clocks again next time
+                self.server_clock.stale()  # a stall: compare the clocks again next time
                 if time.monotonic() >= deadline:
                     raise  # one deadline per decision: no second wait stacks on it
                 # The script may have run: if every write is in place, it did.
@@ -324,10 +317,8 @@ class RedisStore(Store):
         pauses past it (a stall, a stopped process) and then runs the script
         writes nothing, so a decision answered 503 never lands later. None
         while the clocks were never compared (no fence)."""
-        if self._clock_offset_s is None:
-            return None
-        waits = self.socket_timeout_s
-        return int((time.time() + self._clock_offset_s + waits - fence_margin(waits)) * 1000)
+        fence = self.server_clock.fence(self.socket_timeout_s)
+        return None if fence is None else int(fence * 1000)
 
     def _evalsha(self, keys: list[bytes], args: list[bytes]) -> Any:
         """``EVALSHA`` of ``cas.lua`` as redis-py's ``Script`` sends it, less
