@@ -22,6 +22,7 @@ from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
 from sidecar.api.body import current_request
 from sidecar.api.decisions import auth_failure, label_values
+from sidecar.api.hot import HotRoutes
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable, check_host, check_origin, presented_token
 from sidecar.canonical import build_fingerprinter
@@ -151,7 +152,7 @@ def create_app(
         PERMANENT_SESSION_LIFETIME=12 * 3600,
     )
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions["loopstop"] = Runtime(
+    app.extensions["loopstop"] = rt = Runtime(
         settings=settings,
         store=store,
         metrics=metrics,
@@ -214,6 +215,8 @@ def create_app(
         scope = g._get_current_object()  # one proxy look-up, not one per attribute
         scope.started = time.perf_counter()
         req = current_request()
+        scope.method = req.method
+        scope.runtime = rt  # g is the decisions' scope (sidecar.api.decisions.Scope)
         # A request header is its WSGI environ entry (what werkzeug's headers read).
         environ = req.environ
         incoming = environ.get("HTTP_X_REQUEST_ID", "")
@@ -253,6 +256,8 @@ def create_app(
     app.register_blueprint(model_gate.bp)
     app.register_blueprint(ui.bp)
     problems.register(app, _render_extra, metrics.store_errors.inc)
+    # The routes n8n calls on every item skip Flask's per-request work (sidecar.api.hot).
+    app.wsgi_app = HotRoutes(app, [*operations.HOT, *chains.HOT, *tasks.HOT], rt)  # type: ignore[method-assign]
 
     if tokens.open and announce:
         log.warning("no tokens configured: serving WITHOUT authentication, loopback callers only")

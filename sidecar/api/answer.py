@@ -27,10 +27,16 @@ def json_answer(model: BaseModel, status: int = 200) -> Response:
     ``2e-05``). Ids, decisions, timestamps and counts are neither, so that
     path is rare.
     """
+    return Response(answer_text(model), status=status, mimetype="application/json")
+
+
+def answer_text(model: BaseModel) -> str:
+    """``model``'s JSON text as :func:`json_answer` sends it (compact, as ``jsonify``
+    writes it where pydantic's writer differs)."""
     text = model.model_dump_json()
     if not text.isascii() or "0.0000" in text or ("e-" in text and _SHORT_EXPONENT.search(text)):
         text = json.dumps(json.loads(text), separators=(",", ":"))
-    return Response(text, status=status, mimetype="application/json")
+    return text
 
 
 def built(model: type[B], **fields: Any) -> B:

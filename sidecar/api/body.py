@@ -123,6 +123,17 @@ def read_json_object() -> dict[str, Any]:
         raise UnsupportedMediaType(
             f"send the body as application/json (got {mimetype or 'no content type'!r})"
         )
+    return decode_json_object(raw)
+
+
+def decode_json_object(raw: bytes) -> dict[str, Any]:
+    """``raw``, a JSON body that is not blank, as a JSON object.
+
+    :raises MalformedRequest: not UTF-8 JSON, a key named twice in one object,
+        nested too deeply for the parser.
+    :raises ValidationFailed: a value no JSON peer reads back (:func:`_bad_value`),
+        or not an object.
+    """
     try:
         data = json.loads(
             raw.decode("utf-8"),

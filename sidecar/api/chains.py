@@ -23,6 +23,7 @@ from sidecar.api.chain_models import (
     WorkflowResponse,
 )
 from sidecar.api.decisions import log_decision
+from sidecar.api.hot import HotRoute
 from sidecar.api.models import ModeQuery, nfc_name
 from sidecar.api.openapi import route
 from sidecar.core.chains import EffectDecision
@@ -312,3 +313,7 @@ def resume_workflow(workflow: str) -> Response:
     )
     log_decision("workflows.resume", StopDecision.RESUMED, body.reason, workflow=workflow)
     return _workflow_answer(workflow, stop, ns)
+
+
+#: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
+HOT: list[HotRoute] = []

@@ -13,12 +13,12 @@ import logging
 import time
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from flask import g, request
 
-from sidecar.auth import LoginDecision
+from sidecar.auth import LoginDecision, Principal
 from sidecar.core import tasks
 from sidecar.core.chains import ActivationDecision, ActivationReason, EffectDecision
 from sidecar.core.check_verdicts import CheckDecision, CheckReason
@@ -31,7 +31,7 @@ from sidecar.core.operations import (
 )
 from sidecar.core.stops import StopDecision
 from sidecar.errors import LoopstopError
-from sidecar.runtime import runtime
+from sidecar.runtime import Runtime, runtime
 
 log = logging.getLogger("loopstop.decisions")
 auth_log = logging.getLogger("loopstop")
@@ -66,17 +66,39 @@ def label_values() -> frozenset[str]:
 _AS_STR = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
+class Scope(Protocol):
+    """What a decision knows of its request: Flask's ``g`` on the Flask path
+    (set by the app's ``_authenticate`` hook), :class:`sidecar.api.hot.HotScope`
+    on the hot path.
+
+    :ivar started: :func:`time.perf_counter` when the request arrived (seconds).
+    :ivar ns: the record namespace (``p`` production, ``t`` test) once a view set it.
+    """
+
+    request_id: str
+    started: float
+    principal: Principal
+    method: str
+    runtime: Runtime
+    ns: str
+
+
 def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
+    """:func:`record_decision` for the request of the current Flask context."""
+    record_decision(g._get_current_object(), route, decision, reason, **fields)
+
+
+def record_decision(scope: Scope, route: str, decision: Any, reason: Any, **fields: Any) -> None:
     """Count the decision and emit its log line (skipped, not built, below INFO).
 
     The line is one JSON document written by orjson (``json.dumps`` for what
     orjson refuses: an integer past 64 bits), built only when INFO is enabled;
     the metrics are :meth:`~sidecar.metrics.Metrics.decided`'s pre-bound children.
     """
-    scope = g._get_current_object()
     started = getattr(scope, "started", None)
     elapsed = None if started is None else time.perf_counter() - started
-    runtime().metrics.decided(
+    rt = getattr(scope, "runtime", None) or runtime()
+    rt.metrics.decided(
         route,
         "" if decision is None else str(decision),
         "" if reason is None else str(reason),
@@ -93,7 +115,7 @@ def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:
         "decision": None if decision is None else str(decision),
         "reason": None if reason is None else str(reason),
         "token": principal.name if principal else None,
-        "method": request.method,
+        "method": getattr(scope, "method", None) or request.method,
         **{k: v for k, v in fields.items() if v is not None},
     }
     if elapsed is not None:

@@ -9,7 +9,8 @@ from flask import Blueprint, Response, g
 
 from sidecar.api.answer import json_answer
 from sidecar.api.body import check_path, parse_body, parse_query
-from sidecar.api.decisions import log_decision
+from sidecar.api.decisions import Scope, record_decision
+from sidecar.api.hot import HotRoute
 from sidecar.api.models import (
     OPERATION_ID_PATTERN,
     BeginBody,
@@ -66,7 +67,16 @@ def _settled(
 ) -> Response:
     """Log a commit, fail or reconcile (with the n8n execution that sent it) and
     answer with the record."""
-    log_decision(
+    _log_settled(g._get_current_object(), route_name, op, reason, body)
+    return _answer(op, ns)
+
+
+def _log_settled(
+    scope: Scope, route_name: str, op: Operation, reason: object, body: RequestBody
+) -> None:
+    """Log a commit, fail or reconcile with the n8n execution that sent it."""
+    record_decision(
+        scope,
         route_name,
         op.state,
         reason,
@@ -76,7 +86,6 @@ def _settled(
         execution_mode=body.execution_mode,
         execution_id=body.execution_id,
     )
-    return _answer(op, ns)
 
 
 @route(
@@ -92,8 +101,14 @@ def _settled(
 )
 def begin(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
-    body = parse_body(BeginBody)
-    ns = g.ns = keys.namespace(body.execution_mode)
+    scope = g._get_current_object()
+    return json_answer(begin_decision(scope, parse_body(BeginBody), operation_id))
+
+
+def begin_decision(scope: Scope, body: BeginBody, operation_id: str) -> BeginResponse:
+    """The begin of ``operation_id`` (a valid id) for the request ``scope``,
+    logged: the answer's model (the Flask view's and the hot path's)."""
+    ns = scope.ns = keys.namespace(body.execution_mode)
     if body.reconcile is not None:
         _bounded(body.reconcile.input, "reconcile.input")
     inp = BeginInput(
@@ -105,9 +120,10 @@ def begin(operation_id: str) -> Response:
         None if body.reconcile is None else body.reconcile.model_dump(mode="json"),
         shared=body.scope == "shared",
     )
-    begun = runtime().operations.begin(g.principal, ns, operation_id, inp)
+    begun = scope.runtime.operations.begin(scope.principal, ns, operation_id, inp)
     outcome, op = begun.outcome, begun.outcome.operation
-    log_decision(
+    record_decision(
+        scope,
         "operations.begin",
         outcome.decision,
         outcome.reason,
@@ -118,7 +134,7 @@ def begin(operation_id: str) -> Response:
         execution_mode=body.execution_mode,
         execution_id=body.execution_id,
     )
-    return json_answer(BeginResponse.of(outcome, ns))
+    return BeginResponse.of(outcome, ns)
 
 
 @route(
@@ -133,12 +149,20 @@ def begin(operation_id: str) -> Response:
 )
 def commit(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
-    body = parse_body(CommitBody)
-    ns = g.ns = keys.namespace(body.execution_mode)
-    op = runtime().operations.commit(
-        g.principal, ns, operation_id, body.attempt, body.receipt, body.result, body.workflow
+    return json_answer(
+        commit_decision(g._get_current_object(), parse_body(CommitBody), operation_id)
     )
-    return _settled("operations.commit", op, ns, None, body)
+
+
+def commit_decision(scope: Scope, body: CommitBody, operation_id: str) -> OperationResponse:
+    """The commit of ``operation_id`` (a valid id) for the request ``scope``,
+    logged: the answer's model (the Flask view's and the hot path's)."""
+    ns = scope.ns = keys.namespace(body.execution_mode)
+    op = scope.runtime.operations.commit(
+        scope.principal, ns, operation_id, body.attempt, body.receipt, body.result, body.workflow
+    )
+    _log_settled(scope, "operations.commit", op, None, body)
+    return OperationResponse(operation=OperationView.of(op, ns))
 
 
 @route(
@@ -223,3 +247,10 @@ def list_operations() -> Response:
         items=[OperationView.of(op, ns) for op in page.items], next_cursor=page.next_cursor
     )
     return json_answer(view)
+
+
+#: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
+HOT = [
+    HotRoute("operations.begin", BeginBody, begin_decision),
+    HotRoute("operations.commit", CommitBody, commit_decision),
+]

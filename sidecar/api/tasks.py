@@ -12,6 +12,7 @@ from sidecar.api.answer import json_answer
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import cancellation_view, outlier_view
 from sidecar.api.decisions import log_decision
+from sidecar.api.hot import HotRoute
 from sidecar.api.models import ModeQuery, rfc3339
 from sidecar.api.openapi import route
 from sidecar.api.task_models import (
@@ -325,3 +326,7 @@ def resume(task_id: str) -> Response:
         "tasks.resume", task, LifecycleDecision.RESUMED, body.reason, extended=bool(extend) or None
     )
     return _answer(task)
+
+
+#: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
+HOT: list[HotRoute] = []

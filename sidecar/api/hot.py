@@ -1,0 +1,223 @@
+"""The decision routes n8n calls on every item, served without Flask's
+per-request machinery.
+
+A begin, a commit, an activation, a tool call and its result are what a
+flow sends once per item; each is a few hundred microseconds of the
+sidecar's own work, and Flask's request and application contexts, URL
+matching, hooks, signals and response object were a third of it.
+:class:`HotRoutes` sits in front of the Flask app (its ``wsgi_app``) and
+serves a request to one of these routes itself when the request is plain:
+``POST`` with a ``Content-Length`` JSON body within the limit, no
+``Origin``, no chunked body, path values that match their patterns, and a
+token that authenticates. It then runs the same decision function the
+Flask view runs (``begin_decision``, ``activation_decision``...), with a
+:class:`HotScope` for Flask's ``g``, and answers with the same status,
+headers and JSON text.
+
+Everything else goes to Flask untouched, the body read so far handed back:
+another method or path, no tokens configured (the host check needs the
+socket), a refused token, a body that fails to parse or validate. So every
+refusal is made, logged and counted by the one Flask path, and the hot path
+only ever answers what Flask would answer 200. An error raised by the
+decision itself (a conflict, a store failure) is rendered by the app's own
+error handlers and ``after_request`` hooks, in a Flask request context made
+for it.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, g
+from pydantic import BaseModel, ValidationError
+
+from sidecar.api.answer import answer_text
+from sidecar.api.body import decode_json_object
+from sidecar.api.openapi import REGISTRY
+from sidecar.auth import Principal, presented_token
+from sidecar.errors import LoopstopError
+from sidecar.gate.wire.base import BEARER
+
+if TYPE_CHECKING:
+    from sidecar.runtime import Runtime
+
+#: The environ key the WSGI server sets to a callable once the body is read
+#: (:data:`sidecar.serving.BODY_READ`).
+_BODY_READ = "loopstop.request_read"
+#: Where :mod:`sidecar.api.body` finds a body already read.
+_BODY = "loopstop.body"
+_SEGMENT = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+@dataclass(slots=True)
+class HotScope:
+    """What a decision knows of its request on the hot path (Flask's ``g`` on
+    the other): :class:`sidecar.api.decisions.Scope`."""
+
+    request_id: str
+    started: float
+    principal: Principal
+    runtime: Runtime
+    method: str = "POST"
+    ns: str = "p"
+
+
+@dataclass(frozen=True)
+class HotRoute:
+    """One route the hot path serves.
+
+    :ivar endpoint: the Flask endpoint whose rule and path patterns it takes
+        (``operations.begin``).
+    :ivar body: the body's model, validated as the Flask view's ``parse_body``.
+    :ivar decide: ``(scope, body, **path values) -> answer model``, the
+        function the Flask view calls too.
+    """
+
+    endpoint: str
+    body: type[BaseModel]
+    decide: Callable[..., BaseModel]
+
+
+@dataclass(frozen=True)
+class _Bound:
+    route: HotRoute
+    path: re.Pattern[str]
+    values: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
+
+
+class HotRoutes:
+    """A WSGI app: :class:`HotRoute` requests served directly, the rest by ``app``.
+
+    :param app: the Flask app; its ``wsgi_app`` serves what this does not.
+    :param routes: the routes to serve (their endpoints must be ``POST`` rules
+        declared with :func:`sidecar.api.openapi.route`).
+    :param runtime: the app's runtime.
+    :raises KeyError: a route's endpoint has no rule or no document.
+    :raises ValueError: a route answers another status than 200.
+    """
+
+    def __init__(self, app: Flask, routes: Iterable[HotRoute], runtime: Runtime) -> None:
+        self._app = app
+        self._flask: WsgiApp = app.wsgi_app
+        self._runtime = runtime
+        self._tokens = runtime.tokens
+        self._limit: int = app.config["LOOPSTOP_MAX_BODY_BYTES"]
+        rules = {rule.endpoint: rule.rule for rule in app.url_map.iter_rules()}
+        docs = {(doc.method, doc.path): doc for doc in REGISTRY}
+        self._bound: list[_Bound] = []
+        for route in routes:
+            rule = rules[route.endpoint]
+            doc = docs[("post", _SEGMENT.sub(r"{\1}", rule))]
+            if doc.status != 200:
+                raise ValueError(f"{route.endpoint} answers {doc.status}: the hot path answers 200")
+            parts = _SEGMENT.split(rule)  # literal, name, literal, name, ..., literal
+            pattern = "".join(
+                re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]+)"
+                for i, part in enumerate(parts)
+            )
+            values = {name: re.compile(p) for name, p in doc.path_params.items()}
+            self._bound.append(_Bound(route, re.compile(pattern + r"\Z"), values))
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        started = time.perf_counter()
+        if environ.get("REQUEST_METHOD") != "POST" or self._tokens.open:
+            return self._flask(environ, start_response)
+        path = environ.get("PATH_INFO", "")
+        for bound in self._bound:
+            found = bound.path.match(path)
+            if found is not None:
+                break
+        else:
+            return self._flask(environ, start_response)
+        values = found.groupdict()
+        checks = bound.values
+        if not all(k in checks and checks[k].fullmatch(v) for k, v in values.items()):
+            return self._flask(environ, start_response)  # Flask names the wrong value
+        principal = self._plain(environ)
+        if principal is None:
+            return self._flask(environ, start_response)
+        length = int(environ["CONTENT_LENGTH"])
+        raw = environ["wsgi.input"].read(length)
+        environ[_BODY] = raw  # as sidecar.api.body keeps it: Flask does not read it again
+        environ["wsgi.input"] = io.BytesIO(raw)
+        done = environ.get(_BODY_READ)
+        if callable(done):
+            done()  # the whole request has arrived: its read deadline no longer applies
+        if len(raw) != length or not raw.strip():
+            return self._flask(environ, start_response)
+        route = bound.route
+        try:
+            body = route.body.model_validate(decode_json_object(raw))
+        except (LoopstopError, ValidationError):
+            return self._flask(environ, start_response)  # Flask refuses it, with the field
+        incoming = environ.get("HTTP_X_REQUEST_ID", "")
+        scope = HotScope(
+            request_id=incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex,
+            started=started,
+            principal=principal,
+            runtime=self._runtime,
+        )
+        try:
+            answer = answer_text(route.decide(scope, body, **values)).encode()
+        except Exception as exc:
+            return self._failed(environ, start_response, scope, exc)
+        start_response(
+            "200 OK",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(answer))),
+                ("X-Request-Id", scope.request_id),
+                ("Cache-Control", "no-store"),
+                ("X-Content-Type-Options", "nosniff"),
+            ],
+        )
+        return [answer]
+
+    def _plain(self, environ: Mapping[str, Any]) -> Principal | None:
+        """The caller of a request the hot path may serve, None when Flask must:
+        an ``Origin`` (its check), no JSON content type, a chunked body or one
+        without a length within the limit, no token that authenticates."""
+        if "HTTP_ORIGIN" in environ or "HTTP_TRANSFER_ENCODING" in environ:
+            return None
+        ctype: str = environ.get("CONTENT_TYPE", "")
+        if ctype.partition(";")[0].strip().lower() != "application/json":
+            return None
+        length: str = environ.get("CONTENT_LENGTH", "")
+        if not (length.isascii() and length.isdigit() and 0 < int(length) <= self._limit):
+            return None
+        authorization = environ.get("HTTP_AUTHORIZATION")
+        if authorization is None:
+            return None
+        token = presented_token({"authorization": authorization}, {}, (BEARER,))
+        try:
+            return self._tokens.authenticate_token(token, environ.get("REMOTE_ADDR"))
+        except LoopstopError:
+            return None
+
+    def _failed(
+        self,
+        environ: dict[str, Any],
+        start_response: StartResponse,
+        scope: HotScope,
+        exc: Exception,
+    ) -> Iterable[bytes]:
+        """Answer ``exc``, raised by a decision, as the Flask path does: the app's
+        error handlers and ``after_request`` hooks, in a request context."""
+        app = self._app
+        with app.request_context(environ):
+            for name in ("request_id", "started", "principal", "method", "runtime", "ns"):
+                setattr(g, name, getattr(scope, name))
+            try:
+                response = app.finalize_request(app.handle_user_exception(exc))
+            except Exception as failed:  # as Flask's wsgi_app: a handler failed
+                response = app.handle_exception(failed)
+            return response(environ, start_response)
