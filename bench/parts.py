@@ -13,8 +13,10 @@ The parts (:data:`PART_NAMES`):
 
 - ``parse``: the body read and decoded as JSON (the sidecar's
   ``read_json_object``; the floor's ``request.get_json``);
-- ``auth``: the token, origin and host checks (the ``_authenticate`` hook);
-- ``validate``: the body's pydantic validation (``parse_body``, ``parse_query``);
+- ``auth``: the token, origin and host checks (the ``_authenticate`` hook; on
+  the hot path, ``HotRoutes._plain``);
+- ``validate``: the body's pydantic validation (``parse_body``, ``parse_query``,
+  a model's ``model_validate``);
 - ``fingerprint``: canonical JSON and keyed fingerprints (``sidecar.canonical``);
 - ``service``: the decision around the transaction (services and the rules);
 - ``transaction``: the store layer (reads, plans, documents, the script's
@@ -171,12 +173,17 @@ def instrument_sidecar(parts: Parts, app: Any) -> None:
     import pydantic
 
     from sidecar import canonical, metrics
-    from sidecar.api import body, decisions
+    from sidecar.api import answer, body, decisions, hot
 
     instrument_common(parts)
     patch_function(parts, "parse", body, "read_json_object")
+    patch_function(parts, "parse", body, "decode_json_object")
     for name in ("parse_body", "parse_query", "validate_body"):
         patch_function(parts, "validate", body, name)
+    # The hot path (sidecar.api.hot) validates with the body's model itself.
+    patch_method(parts, "validate", pydantic.BaseModel, "model_validate")
+    patch_method(parts, "auth", hot.HotRoutes, "_plain")
+    patch_function(parts, "render", answer, "answer_text")
     for name in ("canonical_json", "_to_js_numbers"):
         patch_function(parts, "fingerprint", canonical, name)
     patch_method(parts, "fingerprint", canonical.Fingerprinter, "fingerprint")
@@ -184,6 +191,7 @@ def instrument_sidecar(parts: Parts, app: Any) -> None:
     patch_method(parts, "fingerprint", canonical.Fingerprinter, "key_hash")
     patch_method(parts, "fingerprint", canonical.Fingerprinter, "mac")
     patch_function(parts, "log", decisions, "log_decision")
+    patch_function(parts, "log", decisions, "record_decision")
     for name in ("label", "decided", "observe"):
         patch_method(parts, "metrics", metrics.Metrics, name)
     if hasattr(body, "json_response"):

@@ -24,7 +24,7 @@ from sidecar.api.body import current_request
 from sidecar.api.decisions import auth_failure, label_values
 from sidecar.api.hot import HotRoutes
 from sidecar.api.models import OperationView
-from sidecar.auth import TokenTable, check_host, check_origin, presented_token
+from sidecar.auth import TokenTable, bound_port, check_host, check_origin, presented_token
 from sidecar.canonical import build_fingerprinter
 from sidecar.config import Settings, load_settings
 from sidecar.core.operations import Operation
@@ -227,7 +227,7 @@ def create_app(
             if tokens.open:
                 # Without tokens, every route (/metrics, /readyz too) answers loopback
                 # names only: a page on a foreign name resolving to 127.0.0.1 reads nothing.
-                check_host(environ.get("HTTP_HOST"), req.scheme, _bound_port())
+                check_host(environ.get("HTTP_HOST"), req.scheme, bound_port(environ))
             if not api and not path.startswith("/ui"):
                 return
             _refuse_web_pages(req, api)
@@ -274,16 +274,6 @@ UI_CSP = (
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: The query of a request whose token sources read none (not parsed).
 _NO_QUERY: Mapping[str, str] = {}
-
-
-def _bound_port() -> int | None:
-    """The port the connection arrived on (gunicorn's socket), None when unknown."""
-    sock = request.environ.get("gunicorn.socket")
-    try:
-        name = sock.getsockname() if sock is not None else None
-    except OSError:
-        return None
-    return int(name[1]) if isinstance(name, tuple) and len(name) >= 2 else None
 
 
 def _refuse_web_pages(req: Request, api: bool) -> None:

@@ -30,6 +30,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 from urllib.parse import urlsplit
 
 from sidecar.config import TokenConfig
@@ -160,6 +161,17 @@ def check_host(host_header: str | None, scheme: str, bound_port: int | None) -> 
         )
     if bound_port is not None and found[1] != bound_port:
         raise MisdirectedRequest(f"the Host names port {found[1]}; this server listens on another")
+
+
+def bound_port(environ: Mapping[str, Any]) -> int | None:
+    """The port a WSGI request's connection arrived on (gunicorn's socket), None
+    when unknown."""
+    sock = environ.get("gunicorn.socket")
+    try:
+        name = sock.getsockname() if sock is not None else None
+    except OSError:
+        return None
+    return int(name[1]) if isinstance(name, tuple) and len(name) >= 2 else None
 
 
 def check_origin(origin: str | None, host_header: str | None, scheme: str) -> None:

@@ -22,7 +22,7 @@ from sidecar.api.chain_models import (
     StopView,
     WorkflowResponse,
 )
-from sidecar.api.decisions import log_decision
+from sidecar.api.decisions import Scope, log_decision, record_decision
 from sidecar.api.hot import HotRoute
 from sidecar.api.models import ModeQuery, nfc_name
 from sidecar.api.openapi import route
@@ -54,10 +54,16 @@ _WF_PATH = {"workflow": _WORKFLOW.pattern}
     summary="Right after a trigger: proceed, or drop an echo, a duplicate, a deep chain.",
 )
 def activate() -> Response:
-    body = parse_body(ActivationBody)
-    ns = g.ns = keys.namespace(body.execution_mode)
-    result = runtime().chains.activate(
-        g.principal,
+    return json_answer(activation_decision(g._get_current_object(), parse_body(ActivationBody)))
+
+
+def activation_decision(scope: Scope, body: ActivationBody) -> ActivationResponse:
+    """The activation ``body`` for the request ``scope``, counted and logged: the
+    answer's model (the Flask view's and the hot path's)."""
+    ns = scope.ns = keys.namespace(body.execution_mode)
+    rt = scope.runtime
+    result = rt.chains.activate(
+        scope.principal,
         ns,
         ActivationInput(
             workflow=body.workflow,
@@ -73,8 +79,9 @@ def activate() -> Response:
     )
     out = result.outcome
     if result.invalid_markers:
-        runtime().metrics.invalid_markers.inc(result.invalid_markers)
-    log_decision(
+        rt.metrics.invalid_markers.inc(result.invalid_markers)
+    record_decision(
+        scope,
         "activations",
         out.decision,
         out.reason,
@@ -87,7 +94,7 @@ def activate() -> Response:
         execution_mode=body.execution_mode,
         execution_id=body.execution_id,
     )
-    return json_answer(ActivationResponse.of(result))
+    return ActivationResponse.of(result)
 
 
 @route(
@@ -316,4 +323,4 @@ def resume_workflow(workflow: str) -> Response:
 
 
 #: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
-HOT: list[HotRoute] = []
+HOT = [HotRoute("chains.activate", ActivationBody, activation_decision)]

@@ -9,19 +9,19 @@ matching, hooks, signals and response object were a third of it.
 serves a request to one of these routes itself when the request is plain:
 ``POST`` with a ``Content-Length`` JSON body within the limit, no
 ``Origin``, no chunked body, path values that match their patterns, and a
-token that authenticates. It then runs the same decision function the
-Flask view runs (``begin_decision``, ``activation_decision``...), with a
-:class:`HotScope` for Flask's ``g``, and answers with the same status,
+caller that authenticates (a token, or, with none configured, a loopback
+caller on a loopback ``Host``). It then runs the same decision function
+the Flask view runs (``begin_decision``, ``activation_decision``...), with
+a :class:`HotScope` for Flask's ``g``, and answers with the same status,
 headers and JSON text.
 
-Everything else goes to Flask untouched, the body read so far handed back:
-another method or path, no tokens configured (the host check needs the
-socket), a refused token, a body that fails to parse or validate. So every
-refusal is made, logged and counted by the one Flask path, and the hot path
-only ever answers what Flask would answer 200. An error raised by the
-decision itself (a conflict, a store failure) is rendered by the app's own
-error handlers and ``after_request`` hooks, in a Flask request context made
-for it.
+Everything else goes to Flask untouched, with the body read so far handed
+back: another method or path, a caller refused, a body that fails to parse
+or validate. So every refusal is made, logged and counted by the one Flask
+path, and the hot path only ever answers what Flask would answer 200. An
+error raised by the decision itself (a conflict, a store failure) is
+rendered by the app's own error handlers and ``after_request`` hooks, in a
+Flask request context made for it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 from sidecar.api.answer import answer_text
 from sidecar.api.body import decode_json_object
 from sidecar.api.openapi import REGISTRY
-from sidecar.auth import Principal, presented_token
+from sidecar.auth import Principal, bound_port, check_host, presented_token
 from sidecar.errors import LoopstopError
 from sidecar.gate.wire.base import BEARER
 
@@ -129,7 +129,7 @@ class HotRoutes:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         started = time.perf_counter()
-        if environ.get("REQUEST_METHOD") != "POST" or self._tokens.open:
+        if environ.get("REQUEST_METHOD") != "POST":
             return self._flask(environ, start_response)
         path = environ.get("PATH_INFO", "")
         for bound in self._bound:
@@ -146,7 +146,10 @@ class HotRoutes:
         if principal is None:
             return self._flask(environ, start_response)
         length = int(environ["CONTENT_LENGTH"])
-        raw = environ["wsgi.input"].read(length)
+        try:
+            raw = environ["wsgi.input"].read(length)
+        except Exception:  # the client went away: Flask reads and answers as it does
+            return self._flask(environ, start_response)
         environ[_BODY] = raw  # as sidecar.api.body keeps it: Flask does not read it again
         environ["wsgi.input"] = io.BytesIO(raw)
         done = environ.get(_BODY_READ)
@@ -192,14 +195,22 @@ class HotRoutes:
         if ctype.partition(";")[0].strip().lower() != "application/json":
             return None
         length: str = environ.get("CONTENT_LENGTH", "")
-        if not (length.isascii() and length.isdigit() and 0 < int(length) <= self._limit):
+        if not (
+            length.isascii() and length.isdigit() and len(length) <= 12  # int() of it is cheap
+        ) or not (0 < int(length) <= self._limit):
             return None
-        authorization = environ.get("HTTP_AUTHORIZATION")
-        if authorization is None:
-            return None
-        token = presented_token({"authorization": authorization}, {}, (BEARER,))
+        tokens = self._tokens
         try:
-            return self._tokens.authenticate_token(token, environ.get("REMOTE_ADDR"))
+            if tokens.open:  # loopback callers, on a loopback Host (app.py's _authenticate)
+                check_host(
+                    environ.get("HTTP_HOST"), environ["wsgi.url_scheme"], bound_port(environ)
+                )
+                return tokens.authenticate_token(None, environ.get("REMOTE_ADDR"))
+            authorization = environ.get("HTTP_AUTHORIZATION")
+            if authorization is None:
+                return None
+            token = presented_token({"authorization": authorization}, {}, (BEARER,))
+            return tokens.authenticate_token(token, environ.get("REMOTE_ADDR"))
         except LoopstopError:
             return None
 

@@ -11,7 +11,7 @@ from flask import Blueprint, Response, g
 from sidecar.api.answer import json_answer
 from sidecar.api.body import check_path, parse_body, parse_query
 from sidecar.api.chain_models import cancellation_view, outlier_view
-from sidecar.api.decisions import log_decision
+from sidecar.api.decisions import Scope, record_decision
 from sidecar.api.hot import HotRoute
 from sidecar.api.models import ModeQuery, rfc3339
 from sidecar.api.openapi import route
@@ -67,7 +67,14 @@ def _answer(
 
 
 def _log(route_name: str, task: Task, decision: Any, reason: Any, **fields: Any) -> None:
-    log_decision(
+    _record(g._get_current_object(), route_name, task, decision, reason, **fields)
+
+
+def _record(
+    scope: Scope, route_name: str, task: Task, decision: Any, reason: Any, **fields: Any
+) -> None:
+    record_decision(
+        scope,
         route_name,
         decision,
         reason,
@@ -199,14 +206,22 @@ def model_call(task_id: str) -> Response:
 )
 def tool_call(task_id: str) -> Response:
     body = parse_body(ToolCallBody)
+    return json_answer(tool_call_decision(g._get_current_object(), body, _task_id(task_id)))
+
+
+def tool_call_decision(scope: Scope, body: ToolCallBody, task_id: str) -> TaskResponse:
+    """The admission of a tool call to ``task_id`` (a valid id) for the request
+    ``scope``, logged: the answer's model (the Flask view's and the hot path's)."""
+    rt = scope.runtime
     call = CallInput(body.tool, body.kind, body.args, body.operation_id, body.call_id)
-    task, out = _in_task_namespace(
+    task, out = rt.tasks.in_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: runtime().tasks.tool_call(g.principal, ns, task_id, call, body.execution_id),
+        lambda ns: rt.tasks.tool_call(scope.principal, ns, task_id, call, body.execution_id),
     )
     reason = None if out.reason is None else str(out.reason)
-    _log(
+    _record(
+        scope,
         "tasks.tool_call",
         task,
         out.decision,
@@ -216,7 +231,7 @@ def tool_call(task_id: str) -> Response:
         call_id=out.call_id,
         operation_id=body.operation_id,
     )
-    return _answer(task, out)
+    return render(task, rt.clock(), out)
 
 
 @route(
@@ -232,7 +247,17 @@ def tool_call(task_id: str) -> Response:
 def tool_result(task_id: str, call_id: str) -> Response:
     check_path({"call_id": call_id}, {"call_id": _CALL})
     body = parse_body(ResultBody)
-    rt = runtime()
+    scope = g._get_current_object()
+    return json_answer(tool_result_decision(scope, body, _task_id(task_id), call_id))
+
+
+def tool_result_decision(
+    scope: Scope, body: ResultBody, task_id: str, call_id: str
+) -> TaskResponse:
+    """A tool call's result for ``task_id`` and ``call_id`` (valid ids) for the
+    request ``scope``, logged: the answer's model (the Flask view's and the hot
+    path's)."""
+    rt = scope.runtime
     res = ToolResult(
         status=body.status,
         result_fp=rt.fingerprinter.fingerprint(body.result),
@@ -240,14 +265,16 @@ def tool_result(task_id: str, call_id: str) -> Response:
         receipt=body.receipt,
         evidence=None if body.evidence is None else body.evidence.core(),
     )
-    task, out, checked = _in_task_namespace(
+    task, out, checked = rt.tasks.in_namespace(
         body.execution_mode,
         task_id,
-        lambda ns: rt.tasks.tool_result(g.principal, ns, task_id, call_id, res),
+        lambda ns: rt.tasks.tool_result(scope.principal, ns, task_id, call_id, res),
     )
     reason = None if out.reason is None else str(out.reason)
-    _log("tasks.tool_result", task, out.decision, reason, call_id=call_id, status=body.status)
-    return _answer(task, out, checked)
+    _record(
+        scope, "tasks.tool_result", task, out.decision, reason, call_id=call_id, status=body.status
+    )
+    return render(task, rt.clock(), out, checked)
 
 
 @route(
@@ -329,4 +356,7 @@ def resume(task_id: str) -> Response:
 
 
 #: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
-HOT: list[HotRoute] = []
+HOT = [
+    HotRoute("tasks.tool_call", ToolCallBody, tool_call_decision),
+    HotRoute("tasks.tool_result", ResultBody, tool_result_decision),
+]
