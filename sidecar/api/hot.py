@@ -150,12 +150,14 @@ class HotRoutes:
             raw = environ["wsgi.input"].read(length)
         except Exception:  # the client went away: Flask reads and answers as it does
             return self._flask(environ, start_response)
+        environ["wsgi.input"] = io.BytesIO(raw)  # handed back, for Flask to read
+        if len(raw) != length:  # the client went away mid-body: Flask's reader says so
+            return self._flask(environ, start_response)
         environ[_BODY] = raw  # as sidecar.api.body keeps it: Flask does not read it again
-        environ["wsgi.input"] = io.BytesIO(raw)
         done = environ.get(_BODY_READ)
         if callable(done):
             done()  # the whole request has arrived: its read deadline no longer applies
-        if len(raw) != length or not raw.strip():
+        if not raw.strip():
             return self._flask(environ, start_response)
         route = bound.route
         try:
