@@ -94,6 +94,28 @@ class _Bound:
     values: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
 
 
+class _Broken(io.RawIOBase):
+    """A request body whose read failed: every read raises that failure again,
+    so Flask answers the request as if it had read it first (not from the
+    bytes that arrived before the connection broke)."""
+
+    def __init__(self, failure: Exception) -> None:
+        super().__init__()
+        self._failure = failure
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        raise self._failure
+
+    def read(self, size: int = -1) -> bytes:
+        raise self._failure
+
+    def readline(self, size: int | None = -1) -> bytes:
+        raise self._failure
+
+
 class HotRoutes:
     """A WSGI app: :class:`HotRoute` requests served directly, the rest by ``app``.
 
@@ -148,7 +170,8 @@ class HotRoutes:
         length = int(environ["CONTENT_LENGTH"])
         try:
             raw = environ["wsgi.input"].read(length)
-        except Exception:  # the client went away: Flask reads and answers as it does
+        except Exception as exc:  # a broken connection: Flask's read fails the same way
+            environ["wsgi.input"] = _Broken(exc)
             return self._flask(environ, start_response)
         environ["wsgi.input"] = io.BytesIO(raw)  # handed back, for Flask to read
         if len(raw) != length:  # the client went away mid-body: Flask's reader says so
@@ -194,7 +217,7 @@ class HotRoutes:
         if "HTTP_ORIGIN" in environ or "HTTP_TRANSFER_ENCODING" in environ:
             return None
         ctype: str = environ.get("CONTENT_TYPE", "")
-        if ctype.partition(";")[0].strip().lower() != "application/json":
+        if ctype.partition(";")[0].lower() != "application/json":  # padded: Flask's to read
             return None
         length: str = environ.get("CONTENT_LENGTH", "")
         if not (

@@ -268,3 +268,73 @@ def test_a_body_cut_short_is_flasks_to_refuse(app: Flask, served_by_flask: list[
     assert hot.status_code == flask.status_code == 400, hot.json
     assert hot.json == flask.json
     assert served_by_flask == ["/v1/operations/o/begin"] * 2  # the hot client's went to Flask
+
+
+class _ResetMidBody(io.RawIOBase):
+    """A body whose connection is reset after its first bytes, read as gunicorn's
+    reader reads it: the read that meets the reset raises, and the bytes that
+    came before it stay buffered for a next read (which then ends)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+        self.reset = False
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:  # werkzeug's test client measures the stream
+        return 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return 0
+
+    def readinto(self, buffer: Any) -> int:
+        if not self.reset:
+            self.reset = True
+            raise ConnectionResetError(104, "Connection reset by peer")
+        n = min(len(buffer), len(self.data))
+        buffer[:n] = self.data[:n]
+        self.data = self.data[n:]
+        return n
+
+
+def test_a_connection_reset_mid_body_decides_nothing(app: Flask) -> None:
+    """The bytes that came before the reset are a whole JSON body; the rest never
+    came. Nothing is decided on them: the answer is Flask's own for a read that
+    failed, and a later begin of the id executes."""
+    data = b'{"payload": {"to": "x"}, "workflow": "wf"}'
+    answers = [
+        client.post(
+            f"/v1/operations/{op}/begin",
+            input_stream=_ResetMidBody(data),
+            headers={**BEARER, "Content-Type": "application/json"},
+            environ_overrides={"CONTENT_LENGTH": str(len(data) + 5000)},
+        )
+        for client, op in ((app.test_client(), "o"), (_flask_only(app), "p"))
+    ]
+    hot, flask = answers
+    assert hot.status_code == flask.status_code >= 400, hot.json
+    assert hot.json == flask.json
+    body = {"payload": {"to": "x"}, "workflow": "wf"}
+    again = _post(app.test_client(), "/v1/operations/o/begin", body)
+    assert again.json["decision"] == "execute"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "ctype", ["\xa0application/json", "application/json\x85", " application/json"]
+)
+def test_a_padded_content_type_is_flasks_to_judge(
+    app: Flask, served_by_flask: list[str], ctype: str
+) -> None:
+    """werkzeug trims only spaces and tabs around a media type: anything else
+    around it is Flask's to refuse (415), never read as JSON by the hot path."""
+    data = b'{"workflow": "wf", "event_key": "x"}'
+    hot = app.test_client().post(
+        "/v1/activations", data=data, headers={**BEARER, "Content-Type": ctype}
+    )
+    flask = _flask_only(app).post(
+        "/v1/activations", data=data, headers={**BEARER, "Content-Type": ctype}
+    )
+    assert hot.status_code == flask.status_code
+    assert served_by_flask[0] == "/v1/activations"
