@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, JsonValue, field_validator, model_validator
 
+from sidecar.api.answer import built
 from sidecar.api.models import Name, RequestBody, rfc3339
 from sidecar.core.chains import ActivationDecision, ActivationReason, Chain, Effect
 from sidecar.core.stops import Stop
@@ -74,14 +75,17 @@ class ActivationResponse(BaseModel):
     def of(cls, result: ActivationResult) -> ActivationResponse:
         """An activation's decision, the marker to embed, and what it counted."""
         out = result.outcome
-        return cls(
+        # The core's values, typed already: built, not validated again.
+        return built(
+            cls,
             decision=out.decision,
             reason=out.reason,
             chain_id=out.chain_id,
             depth=out.depth,
             activation_id=result.activation_id,
             marker=result.marker,
-            counts=ActivationCounts(
+            counts=built(
+                ActivationCounts,
                 chain_activations=out.chain_activations,
                 subject_activations_in_window=out.subject_activations_in_window,
             ),

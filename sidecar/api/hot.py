@@ -136,6 +136,7 @@ class HotRoutes:
         rules = {rule.endpoint: rule.rule for rule in app.url_map.iter_rules()}
         docs = {(doc.method, doc.path): doc for doc in REGISTRY}
         self._bound: list[_Bound] = []
+        self._exact: dict[str, _Bound] = {}
         for route in routes:
             rule = rules[route.endpoint]
             doc = docs[("post", _SEGMENT.sub(r"{\1}", rule))]
@@ -147,20 +148,28 @@ class HotRoutes:
                 for i, part in enumerate(parts)
             )
             values = {name: re.compile(p) for name, p in doc.path_params.items()}
-            self._bound.append(_Bound(route, re.compile(pattern + r"\Z"), values))
+            bound = _Bound(route, re.compile(pattern + r"\Z"), values)
+            if len(parts) == 1:  # no path value: found by the path itself
+                self._exact[rule] = bound
+            else:
+                self._bound.append(bound)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         started = time.perf_counter()
         if environ.get("REQUEST_METHOD") != "POST":
             return self._flask(environ, start_response)
         path = environ.get("PATH_INFO", "")
-        for bound in self._bound:
-            found = bound.path.match(path)
-            if found is not None:
-                break
+        bound = self._exact.get(path)
+        if bound is not None:
+            values: dict[str, str] = {}
         else:
-            return self._flask(environ, start_response)
-        values = found.groupdict()
+            for bound in self._bound:
+                found = bound.path.match(path)
+                if found is not None:
+                    break
+            else:
+                return self._flask(environ, start_response)
+            values = found.groupdict()
         checks = bound.values
         if not all(k in checks and checks[k].fullmatch(v) for k, v in values.items()):
             return self._flask(environ, start_response)  # Flask names the wrong value
