@@ -173,7 +173,12 @@ def instrument_sidecar(parts: Parts, app: Any) -> None:
     import pydantic
 
     from sidecar import canonical, metrics
-    from sidecar.api import answer, body, decisions, hot
+    from sidecar.api import answer, body, decisions
+
+    try:  # (a checkout before the hot path has none)
+        from sidecar.api import hot
+    except ImportError:
+        hot = None  # type: ignore[assignment]
 
     instrument_common(parts)
     patch_function(parts, "parse", body, "read_json_object")
@@ -182,7 +187,8 @@ def instrument_sidecar(parts: Parts, app: Any) -> None:
         patch_function(parts, "validate", body, name)
     # The hot path (sidecar.api.hot) validates with the body's model itself.
     patch_method(parts, "validate", pydantic.BaseModel, "model_validate")
-    patch_method(parts, "auth", hot.HotRoutes, "_plain")
+    if hot is not None:
+        patch_method(parts, "auth", hot.HotRoutes, "_plain")
     patch_function(parts, "render", answer, "answer_text")
     for name in ("canonical_json", "_to_js_numbers"):
         patch_function(parts, "fingerprint", canonical, name)
