@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +20,7 @@ from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from sidecar.api import chains, checks, meta, model_gate, operations, problems, tasks, ui
 from sidecar.api.body import current_request
-from sidecar.api.decisions import auth_failure, label_values
+from sidecar.api.decisions import auth_failure, label_values, request_id
 from sidecar.api.hot import HotRoutes
 from sidecar.api.models import OperationView
 from sidecar.auth import TokenTable, bound_port, check_host, check_origin, presented_token
@@ -219,8 +218,7 @@ def create_app(
         scope.runtime = rt  # g is the decisions' scope (sidecar.api.decisions.Scope)
         # A request header is its WSGI environ entry (what werkzeug's headers read).
         environ = req.environ
-        incoming = environ.get("HTTP_X_REQUEST_ID", "")
-        scope.request_id = incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex
+        scope.request_id = request_id(environ)
         path = req.path
         api = path == "/v1" or path.startswith("/v1/")
         try:

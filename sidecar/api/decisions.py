@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol
@@ -81,6 +83,17 @@ class Scope(Protocol):
     method: str
     runtime: Runtime
     ns: str
+
+
+#: The longest ``X-Request-Id`` taken as the caller sent it (characters).
+MAX_REQUEST_ID = 200
+
+
+def request_id(environ: Mapping[str, Any]) -> str:
+    """A request's id: the ``X-Request-Id`` it sent (1 to :data:`MAX_REQUEST_ID`
+    characters), else a new random one (32 hex digits)."""
+    incoming: str = environ.get("HTTP_X_REQUEST_ID", "")
+    return incoming if 0 < len(incoming) <= MAX_REQUEST_ID else uuid.uuid4().hex
 
 
 def log_decision(route: str, decision: Any, reason: Any, **fields: Any) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import io
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from sidecar.api.answer import answer_text
 from sidecar.api.body import decode_json_object
+from sidecar.api.decisions import request_id
 from sidecar.api.openapi import REGISTRY
 from sidecar.auth import Principal, bound_port, check_host, presented_token
 from sidecar.errors import LoopstopError
@@ -196,9 +196,8 @@ class HotRoutes:
             body = route.body.model_validate(decode_json_object(raw))
         except (LoopstopError, ValidationError):
             return self._flask(environ, start_response)  # Flask refuses it, with the field
-        incoming = environ.get("HTTP_X_REQUEST_ID", "")
         scope = HotScope(
-            request_id=incoming if 0 < len(incoming) <= 200 else uuid.uuid4().hex,
+            request_id=request_id(environ),
             started=started,
             principal=principal,
             runtime=self._runtime,
