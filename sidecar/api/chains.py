@@ -54,10 +54,10 @@ _WF_PATH = {"workflow": _WORKFLOW.pattern}
     summary="Right after a trigger: proceed, or drop an echo, a duplicate, a deep chain.",
 )
 def activate() -> Response:
-    return json_answer(activation_decision(g._get_current_object(), parse_body(ActivationBody)))
+    return json_answer(activation_answer(g._get_current_object(), parse_body(ActivationBody)))
 
 
-def activation_decision(scope: Scope, body: ActivationBody) -> ActivationResponse:
+def activation_answer(scope: Scope, body: ActivationBody) -> ActivationResponse:
     """The activation ``body`` for the request ``scope``, counted and logged: the
     answer's model (the Flask view's and the hot path's)."""
     ns = scope.ns = keys.namespace(body.execution_mode)
@@ -323,4 +323,4 @@ def resume_workflow(workflow: str) -> Response:
 
 
 #: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
-HOT = [HotRoute("chains.activate", ActivationBody, activation_decision)]
+HOT = [HotRoute("chains.activate", ActivationBody, activation_answer)]

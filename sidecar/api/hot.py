@@ -10,8 +10,8 @@ serves a request to one of these routes itself when the request is plain:
 ``POST`` with a ``Content-Length`` JSON body within the limit, no
 ``Origin``, no chunked body, path values that match their patterns, and a
 caller that authenticates (a token, or, with none configured, a loopback
-caller on a loopback ``Host``). It then runs the same decision function
-the Flask view runs (``begin_decision``, ``activation_decision``...), with
+caller on a loopback ``Host``). It then runs the same *answer function*
+the Flask view runs (``begin_answer``, ``activation_answer``...), with
 a :class:`HotScope` for Flask's ``g``, and answers with the same status,
 headers and JSON text.
 
@@ -78,13 +78,13 @@ class HotRoute:
     :ivar endpoint: the Flask endpoint whose rule and path patterns it takes
         (``operations.begin``).
     :ivar body: the body's model, validated as the Flask view's ``parse_body``.
-    :ivar decide: ``(scope, body, **path values) -> answer model``, the
-        function the Flask view calls too.
+    :ivar answer: ``(scope, body, **path values) -> answer model``, the
+        route's *answer function*, which the Flask view calls too.
     """
 
     endpoint: str
     body: type[BaseModel]
-    decide: Callable[..., BaseModel]
+    answer: Callable[..., BaseModel]
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ class HotRoutes:
             runtime=self._runtime,
         )
         try:
-            answer = answer_text(route.decide(scope, body, **values)).encode()
+            answer = answer_text(route.answer(scope, body, **values)).encode()
         except Exception as exc:
             return self._failed(environ, start_response, scope, exc)
         start_response(

@@ -102,10 +102,10 @@ def _log_settled(
 def begin(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     scope = g._get_current_object()
-    return json_answer(begin_decision(scope, parse_body(BeginBody), operation_id))
+    return json_answer(begin_answer(scope, parse_body(BeginBody), operation_id))
 
 
-def begin_decision(scope: Scope, body: BeginBody, operation_id: str) -> BeginResponse:
+def begin_answer(scope: Scope, body: BeginBody, operation_id: str) -> BeginResponse:
     """The begin of ``operation_id`` (a valid id) for the request ``scope``,
     logged: the answer's model (the Flask view's and the hot path's)."""
     ns = scope.ns = keys.namespace(body.execution_mode)
@@ -150,11 +150,11 @@ def begin_decision(scope: Scope, body: BeginBody, operation_id: str) -> BeginRes
 def commit(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
     return json_answer(
-        commit_decision(g._get_current_object(), parse_body(CommitBody), operation_id)
+        commit_answer(g._get_current_object(), parse_body(CommitBody), operation_id)
     )
 
 
-def commit_decision(scope: Scope, body: CommitBody, operation_id: str) -> OperationResponse:
+def commit_answer(scope: Scope, body: CommitBody, operation_id: str) -> OperationResponse:
     """The commit of ``operation_id`` (a valid id) for the request ``scope``,
     logged: the answer's model (the Flask view's and the hot path's)."""
     ns = scope.ns = keys.namespace(body.execution_mode)
@@ -251,6 +251,6 @@ def list_operations() -> Response:
 
 #: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
 HOT = [
-    HotRoute("operations.begin", BeginBody, begin_decision),
-    HotRoute("operations.commit", CommitBody, commit_decision),
+    HotRoute("operations.begin", BeginBody, begin_answer),
+    HotRoute("operations.commit", CommitBody, commit_answer),
 ]

@@ -206,10 +206,10 @@ def model_call(task_id: str) -> Response:
 )
 def tool_call(task_id: str) -> Response:
     body = parse_body(ToolCallBody)
-    return json_answer(tool_call_decision(g._get_current_object(), body, _task_id(task_id)))
+    return json_answer(tool_call_answer(g._get_current_object(), body, _task_id(task_id)))
 
 
-def tool_call_decision(scope: Scope, body: ToolCallBody, task_id: str) -> TaskResponse:
+def tool_call_answer(scope: Scope, body: ToolCallBody, task_id: str) -> TaskResponse:
     """The admission of a tool call to ``task_id`` (a valid id) for the request
     ``scope``, logged: the answer's model (the Flask view's and the hot path's)."""
     rt = scope.runtime
@@ -248,10 +248,10 @@ def tool_result(task_id: str, call_id: str) -> Response:
     check_path({"call_id": call_id}, {"call_id": _CALL})
     body = parse_body(ResultBody)
     scope = g._get_current_object()
-    return json_answer(tool_result_decision(scope, body, _task_id(task_id), call_id))
+    return json_answer(tool_result_answer(scope, body, _task_id(task_id), call_id))
 
 
-def tool_result_decision(
+def tool_result_answer(
     scope: Scope, body: ResultBody, task_id: str, call_id: str
 ) -> TaskResponse:
     """A tool call's result for ``task_id`` and ``call_id`` (valid ids) for the
@@ -357,6 +357,6 @@ def resume(task_id: str) -> Response:
 
 #: The routes :mod:`sidecar.api.hot` serves without Flask's per-request work.
 HOT = [
-    HotRoute("tasks.tool_call", ToolCallBody, tool_call_decision),
-    HotRoute("tasks.tool_result", ResultBody, tool_result_decision),
+    HotRoute("tasks.tool_call", ToolCallBody, tool_call_answer),
+    HotRoute("tasks.tool_result", ResultBody, tool_result_answer),
 ]

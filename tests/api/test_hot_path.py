@@ -135,6 +135,64 @@ def test_hot_answers_are_the_flask_answers(app: Flask) -> None:
     )
 
 
+def _masked(value: Any, keys: frozenset[str]) -> Any:
+    """``value`` with the values under ``keys`` (at any depth) replaced by ``*``."""
+    if isinstance(value, dict):
+        return {k: "*" if k in keys else _masked(v, keys) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, keys) for v in value]
+    return value
+
+
+def _same_but(hot: TestResponse, flask: TestResponse, *keys: str) -> None:
+    """:func:`_same`, the values under ``keys`` (random ids) left out."""
+    assert hot.status == flask.status
+    assert [k for k, _ in hot.headers] == [k for k, _ in flask.headers]
+    varying = frozenset(keys)
+    assert _masked(hot.json, varying) == _masked(flask.json, varying)
+
+
+def test_hot_activation_and_tool_answers_are_the_flask_answers(
+    app: Flask, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each request is sent twice, through the hot path and through Flask alone,
+    on records of its own: the answers and the decision lines are one but for
+    their random ids."""
+    hot, flask = app.test_client(), _flask_only(app)
+    ids = ("chain_id", "activation_id", "marker", "task_id", "call_id")
+
+    def both(
+        paths: tuple[str, str], body: dict[str, Any], other: dict[str, Any] | None = None
+    ) -> tuple[TestResponse, ...]:
+        answers = (_post(hot, paths[0], body), _post(flask, paths[1], other or body))
+        _same_but(*answers, *ids)
+        return answers
+
+    activation = {"workflow": "wf", "content": {"id": 1, "status": "new"}, "trigger": "sheet"}
+    with caplog.at_level(logging.INFO, logger="loopstop.decisions"):
+        for _ in range(2):  # the second delivery is a duplicate on both paths
+            both(
+                ("/v1/activations",) * 2,
+                {**activation, "event_key": "e-hot"},
+                {**activation, "event_key": "e-flask"},
+            )
+        a, b = (f"/v1/tasks/{_task(app)}" for _ in range(2))
+        call = {"tool": "search", "kind": "read", "args": {"q": 1}}
+        answers = both((f"{a}/tool-calls", f"{b}/tool-calls"), call)
+        hot_call, flask_call = (r.json["call_id"] for r in answers)  # type: ignore[index]
+        result = {"status": "ok", "result": {"n": 1}}
+        both((f"{a}/tool-calls/{hot_call}/result", f"{b}/tool-calls/{flask_call}/result"), result)
+        for _ in range(3):  # the same call again, until the repetition rule denies it
+            answers = both((f"{a}/tool-calls", f"{b}/tool-calls"), call)
+    assert answers[0].json["decision"] == "deny"  # type: ignore[index]
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "loopstop.decisions"]
+    lines = [line for line in lines if line["route"] != "tasks.create"]
+    assert len(lines) == 14
+    varying = frozenset({*ids, "ts", "request_id", "latency_ms"})
+    for hot_line, flask_line in zip(lines[::2], lines[1::2], strict=True):
+        assert _masked(hot_line, varying) == _masked(flask_line, varying)
+
+
 def test_hot_decisions_log_the_flask_lines(app: Flask, caplog: pytest.LogCaptureFixture) -> None:
     hot, flask = app.test_client(), _flask_only(app)
     body = {"payload": {"n": 1}, "workflow": "wf", "execution_id": "77"}
