@@ -149,9 +149,7 @@ def begin_answer(scope: Scope, body: BeginBody, operation_id: str) -> BeginRespo
 )
 def commit(operation_id: str) -> Response:
     operation_id = _operation_id(operation_id)
-    return json_answer(
-        commit_answer(g._get_current_object(), parse_body(CommitBody), operation_id)
-    )
+    return json_answer(commit_answer(g._get_current_object(), parse_body(CommitBody), operation_id))
 
 
 def commit_answer(scope: Scope, body: CommitBody, operation_id: str) -> OperationResponse:

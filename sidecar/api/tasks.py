@@ -251,9 +251,7 @@ def tool_result(task_id: str, call_id: str) -> Response:
     return json_answer(tool_result_answer(scope, body, _task_id(task_id), call_id))
 
 
-def tool_result_answer(
-    scope: Scope, body: ResultBody, task_id: str, call_id: str
-) -> TaskResponse:
+def tool_result_answer(scope: Scope, body: ResultBody, task_id: str, call_id: str) -> TaskResponse:
     """A tool call's result for ``task_id`` and ``call_id`` (valid ids) for the
     request ``scope``, logged: the answer's model (the Flask view's and the hot
     path's)."""
