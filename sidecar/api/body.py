@@ -34,6 +34,12 @@ from sidecar.errors import (
 
 M = TypeVar("M", bound=BaseModel)
 
+#: Where a request's body is kept once read (its WSGI environ).
+_BODY = "loopstop.body"
+#: The callable the WSGI server sets, called once the body is read
+#: (``sidecar.serving.BODY_READ``).
+_BODY_READ = "loopstop.request_read"
+
 #: How deep a request body may nest (objects and arrays). Real n8n items stay
 #: far below; the bound keeps every later walk over the body cheap and safe.
 MAX_NESTING = 64
@@ -93,7 +99,7 @@ def current_request() -> Request:
 
 def _read_raw_body(req: Request, limit: int) -> bytes:
     environ = req.environ
-    cached = environ.get("loopstop.body")
+    cached = environ.get(_BODY)
     if isinstance(cached, bytes):
         return cached
     declared = req.content_length
@@ -102,11 +108,18 @@ def _read_raw_body(req: Request, limit: int) -> bytes:
     raw = req.stream.read(limit + 1)
     if len(raw) > limit:
         raise PayloadTooLarge(f"the body exceeds {limit} bytes")
-    environ["loopstop.body"] = raw
-    done = environ.get("loopstop.request_read")
-    if callable(done):
-        done()  # the whole request has arrived: its read deadline no longer applies
+    keep_body(environ, raw)
     return raw
+
+
+def keep_body(environ: dict[str, Any], raw: bytes) -> None:
+    """Keep ``raw``, the whole body read, where :func:`read_raw_body` finds it
+    (it is not read again), and tell the WSGI server the request has arrived
+    (``sidecar.serving``'s ``BODY_READ``: its read deadline no longer applies)."""
+    environ[_BODY] = raw
+    done = environ.get(_BODY_READ)
+    if callable(done):
+        done()
 
 
 def read_json_object() -> dict[str, Any]:

@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 import orjson
-from flask import g, request
+from flask import g
 
 from sidecar.auth import LoginDecision, Principal
 from sidecar.core import tasks
@@ -110,8 +110,7 @@ def record_decision(scope: Scope, route: str, decision: Any, reason: Any, **fiel
     """
     started = getattr(scope, "started", None)
     elapsed = None if started is None else time.perf_counter() - started
-    rt = getattr(scope, "runtime", None) or runtime()
-    rt.metrics.decided(
+    scope.runtime.metrics.decided(
         route,
         "" if decision is None else str(decision),
         "" if reason is None else str(reason),
@@ -128,7 +127,7 @@ def record_decision(scope: Scope, route: str, decision: Any, reason: Any, **fiel
         "decision": None if decision is None else str(decision),
         "reason": None if reason is None else str(reason),
         "token": principal.name if principal else None,
-        "method": getattr(scope, "method", None) or request.method,
+        "method": scope.method,
         **{k: v for k, v in fields.items() if v is not None},
     }
     if elapsed is not None:

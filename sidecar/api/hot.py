@@ -37,7 +37,7 @@ from flask import Flask, g
 from pydantic import BaseModel, ValidationError
 
 from sidecar.api.answer import answer_text
-from sidecar.api.body import decode_json_object
+from sidecar.api.body import decode_json_object, keep_body
 from sidecar.api.decisions import request_id
 from sidecar.api.openapi import REGISTRY
 from sidecar.auth import Principal, bound_port, check_host, presented_token
@@ -47,11 +47,6 @@ from sidecar.gate.wire.base import BEARER
 if TYPE_CHECKING:
     from sidecar.runtime import Runtime
 
-#: The environ key the WSGI server sets to a callable once the body is read
-#: (:data:`sidecar.serving.BODY_READ`).
-_BODY_READ = "loopstop.request_read"
-#: Where :mod:`sidecar.api.body` finds a body already read.
-_BODY = "loopstop.body"
 _SEGMENT = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
 
 StartResponse = Callable[..., Any]
@@ -185,10 +180,7 @@ class HotRoutes:
         environ["wsgi.input"] = io.BytesIO(raw)  # handed back, for Flask to read
         if len(raw) != length:  # the client went away mid-body: Flask's reader says so
             return self._flask(environ, start_response)
-        environ[_BODY] = raw  # as sidecar.api.body keeps it: Flask does not read it again
-        done = environ.get(_BODY_READ)
-        if callable(done):
-            done()  # the whole request has arrived: its read deadline no longer applies
+        keep_body(environ, raw)  # Flask, handed the request, does not read it again
         if not raw.strip():
             return self._flask(environ, start_response)
         route = bound.route
