@@ -30,6 +30,7 @@ from sidecar.core.operations import Operation
 from sidecar.errors import ConfigError, LoopstopError, UnsupportedMediaType
 from sidecar.metrics import Metrics
 from sidecar.outbound.check_runner import CheckRunner
+from sidecar.outbound.upstream import upstream_pool
 from sidecar.runtime import Runtime
 from sidecar.service.chains import ChainService
 from sidecar.service.check_service import CheckService
@@ -80,7 +81,8 @@ def create_app(
     :param store: an already open store (default: from ``settings.store``,
         reporting its round trips and conflicts to this app's metrics; a store
         given here reports to the callbacks it was built with).
-    :param session: the HTTP session checks use (default: a new one).
+    :param session: the HTTP session checks use (default: a new one); the model
+        gate has its own connection pool.
     :param announce: log the unauthenticated-mode warning (``loopstop
         serve`` says it once in the master instead).
     :raises ConfigError: on any invalid setting, a missing secret for a
@@ -163,7 +165,7 @@ def create_app(
         chains=chain_service,
         tasks=task_service,
         checks=check_service,
-        model_gate=ModelGate(settings.model_gate, task_service, session, env, clock),
+        model_gate=ModelGate(settings.model_gate, task_service, upstream_pool(), env, clock),
         stops=StopService(
             store,
             chain_service,

@@ -3,8 +3,9 @@
 ``requests``' ``timeout`` bounds each socket read, not the answer: a server
 that trickles its body a byte at a time, or drips keep-alive comments, would
 hold the caller for as long as it likes. Every outbound call (a check's,
-n8n's API, the model gate's upstream) therefore opens its answer with
-``stream=True`` and reads it here: one socket read at a time (``read1``
+n8n's API, the model gate's upstream) therefore leaves its answer's body
+unread (``requests``' ``stream=True``; for the gate's upstream, urllib3's
+``preload_content=False``) and reads it here: one socket read at a time (``read1``
 returns what has arrived, never waiting for a block to fill), the deadline
 checked before each read (a read in flight ends within its own read
 timeout), the size counted decompressed (urllib3 decompresses each read to
@@ -26,6 +27,7 @@ from typing import Any, cast
 import requests
 import urllib3
 from requests.hooks import dispatch_hook
+from urllib3.response import BaseHTTPResponse
 
 #: One socket read (bytes).
 READ_BYTES = 65536
@@ -134,7 +136,19 @@ def body_chunks(
     max_bytes: int,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Iterator[bytes]:
-    """The body of ``resp`` (opened with ``stream=True``) as it arrives, until it ends.
+    """The body of ``resp`` (opened with ``stream=True``) as it arrives, until it
+    ends: :func:`raw_chunks` of its urllib3 answer (same bounds and errors)."""
+    return raw_chunks(resp.raw, until, max_bytes, monotonic)
+
+
+def raw_chunks(
+    raw: BaseHTTPResponse,
+    until: float,
+    max_bytes: int,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Iterator[bytes]:
+    """The body of urllib3's answer ``raw`` (its content not preloaded) as it
+    arrives, until it ends.
 
     :param until: the deadline, on ``monotonic``'s clock (seconds).
     :param max_bytes: the most body read, decompressed.
@@ -142,7 +156,6 @@ def body_chunks(
     :raises BodyTooLarge: the body passed ``max_bytes``.
     :raises BodyBroken: a read failed.
     """
-    raw = resp.raw
     received = 0
     while True:
         if monotonic() > until:

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
+import urllib3
 
 from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig
@@ -122,7 +122,7 @@ class KnownTasks:
 
 
 def make_upstream(
-    config: ModelGateConfig, session: requests.Session, environ: Mapping[str, str], api: Api
+    config: ModelGateConfig, pool: urllib3.PoolManager, environ: Mapping[str, str], api: Api
 ) -> Upstream:
     """The upstream of ``api`` (``model_gate.upstreams.<api>``); one with no URL when
     the API has none (it raises :class:`~sidecar.errors.GateNotConfigured` when used)."""
@@ -134,7 +134,7 @@ def make_upstream(
     if api.name == "openai":
         setting = f"model_gate.upstream_url (or {setting})"
     return Upstream(
-        session,
+        pool,
         entry.url if entry else None,
         key,
         config.timeout_s,

@@ -43,7 +43,7 @@ import secrets
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import requests
+import urllib3
 
 from sidecar.auth import Principal
 from sidecar.config import ModelGateConfig, Settings
@@ -93,7 +93,8 @@ log = logging.getLogger(__name__)
 class ModelGate:
     """Admits, forwards and counts model turns and the tool calls they propose.
 
-    :param session: the HTTP session to the upstream (tests inject theirs).
+    :param pool: the connection pool to the upstreams
+        (:func:`~sidecar.outbound.upstream.upstream_pool`).
     :param environ: where the upstream's API key is read (``api_key_env``).
     :param clock: the injected wall clock (Unix seconds), for the answers'
         ``created`` times.
@@ -103,7 +104,7 @@ class ModelGate:
         self,
         config: ModelGateConfig,
         tasks: TaskService,
-        session: requests.Session,
+        pool: urllib3.PoolManager,
         environ: Mapping[str, str],
         clock: Callable[[], float],
         settings: Settings | None = None,
@@ -112,7 +113,7 @@ class ModelGate:
         self.tasks = tasks
         self.clock = clock
         self.settings = settings or tasks.settings
-        self.session = session
+        self.pool = pool
         self.environ = environ
         self._upstreams: dict[str, Upstream] = {}
         self.calls = GateCalls(tasks, self.settings)
@@ -126,7 +127,7 @@ class ModelGate:
         on first use (:func:`~sidecar.service.gate_turns.make_upstream`)."""
         found = self._upstreams.get(adapter.api.name)
         if found is None:
-            found = make_upstream(self.config, self.session, self.environ, adapter.api)
+            found = make_upstream(self.config, self.pool, self.environ, adapter.api)
             self._upstreams[adapter.api.name] = found
         return found
 

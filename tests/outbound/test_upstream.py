@@ -7,14 +7,13 @@ import contextlib
 import time
 
 import pytest
-import requests
 from local_http import JsonHandler, running
 
 from conftest import free_port
 from sidecar.errors import GateNotConfigured, UpstreamError
 from sidecar.gate.wire import OPENAI_CHAT
 from sidecar.gate.wire.base import Frame, Framing, StreamBroken
-from sidecar.outbound.upstream import Upstream
+from sidecar.outbound.upstream import Upstream, upstream_pool
 
 
 def _chunked(
@@ -43,7 +42,7 @@ def _server(status: int, ctype: str, pieces: list[bytes]) -> type[JsonHandler]:
 
 
 def _upstream(base: str | None, timeout_s: float = 5) -> Upstream:
-    return Upstream(requests.Session(), base, "sk-up", timeout_s)
+    return Upstream(upstream_pool(), base, "sk-up", timeout_s)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +118,7 @@ def test_the_deadline_covers_the_whole_exchange() -> None:
 
 
 def test_a_cookie_an_upstream_sets_is_never_sent_with_a_later_turn() -> None:
-    """One gate session serves every caller: a cookie one turn's answer sets
+    """One gate connection pool serves every caller: a cookie one turn's answer sets
     must not travel with the next turn, whoever sends it."""
     cookies: list[str | None] = []
 
@@ -143,7 +142,6 @@ def test_a_cookie_an_upstream_sets_is_never_sent_with_a_later_turn() -> None:
             exchange = upstream.post(OPENAI_CHAT, {"messages": []}, False)
             assert exchange.read_all(OPENAI_CHAT) == b'{"ok": true}'
     assert cookies == [None, None]
-    assert not upstream.session.cookies
 
 
 def test_a_redirect_is_no_answer_and_is_never_followed() -> None:

@@ -146,6 +146,8 @@ class FakeLLM:
         #: ``write`` mode: the user messages that already failed once
         self.failed: set[str] = set()
         self.requests: list[dict[str, Any]] = []
+        #: every request's body as it arrived (bytes)
+        self.bodies: list[bytes] = []
         self.paths: list[str] = []
         self.auth: list[str | None] = []
         self.headers: list[dict[str, str]] = []
@@ -813,6 +815,7 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             req = json.loads(raw or b"{}")
+            llm.bodies.append(raw)
             llm.requests.append(req)
             llm.paths.append(self.path)
             llm.auth.append(self.headers.get("Authorization"))

@@ -15,12 +15,10 @@ from conftest import N8N_TOKEN, Api, AppFactory
 __all__ = ["llm"]
 
 
-def _sent_bodies(app: Any) -> list[bytes]:
-    """Every request body the gate's upstream session sent, in order."""
-    sent: list[bytes] = []
-    session = app.extensions["loopstop"].model_gate.session
-    session.hooks["response"].append(lambda r, *a, **k: sent.append(r.request.body))
-    return sent
+def _sent_bodies(llm: FakeLLM) -> list[bytes]:
+    """Every request body the upstream receives from now on, as it arrived, in order."""
+    llm.bodies.clear()
+    return llm.bodies
 
 
 def _post_raw(app: Any, raw: bytes) -> int:
@@ -31,7 +29,7 @@ def _post_raw(app: Any, raw: bytes) -> int:
 def test_an_unchanged_request_is_forwarded_as_received(make_app: AppFactory, llm: FakeLLM) -> None:
     llm.mode = "final"
     app = gate_app(make_app, llm)
-    sent = _sent_bodies(app)
+    sent = _sent_bodies(llm)
     _, created = Api(app.test_client()).post("/v1/tasks", {})
     body = request(created["task"]["task_id"])
     body["messages"][1]["content"] = "Où est ma commande ?"
@@ -45,7 +43,7 @@ def test_a_changed_request_is_written_anew(make_app: AppFactory, llm: FakeLLM) -
     llm.mode = "final"
     # every turn of this budget is past the wrap-up point: the note is added
     app = gate_app(make_app, llm, limits={"max_model_calls": 2, "wrap_up_ratio": 0.5})
-    sent = _sent_bodies(app)
+    sent = _sent_bodies(llm)
     _, created = Api(app.test_client()).post("/v1/tasks", {})
     body = request(created["task"]["task_id"])
     raw = json.dumps(body, indent=1).encode()

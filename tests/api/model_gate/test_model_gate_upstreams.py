@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from fake_llm import FakeLLM, serve
 from local_http import JsonHandler, running
 from task_agent import Agent
@@ -26,7 +25,7 @@ from sidecar.errors import ConfigError, GateNotConfigured
 from sidecar.gate.wire import OPENAI_CHAT
 from sidecar.gate.wire.base import BEARER, Inbound, TokenFrom
 from sidecar.gate.wire.base import Api as WireApi
-from sidecar.outbound.upstream import Upstream
+from sidecar.outbound.upstream import Upstream, upstream_pool
 
 CHAT = "/v1/openai/chat/completions"
 
@@ -188,7 +187,7 @@ def test_the_upstream_gets_the_key_in_the_api_s_header_and_only_version_headers(
         "cookie": "c",
     }
     with running(_Echo) as base:
-        up = Upstream(requests.Session(), base, "sk-real", 5, api=SPEC)
+        up = Upstream(upstream_pool(), base, "sk-real", 5, api=SPEC)
         seen = up.get_json(OPENAI_CHAT, "/v1/models", Inbound("/v1/models", "key=tok&a=1", given))
         assert seen["path"] == "/v1/models?a=1"
         h = seen["headers"]
@@ -200,12 +199,12 @@ def test_the_upstream_gets_the_key_in_the_api_s_header_and_only_version_headers(
         seen = json.loads(exchange.read_all(OPENAI_CHAT))
         assert seen["path"] == "/v1/messages"
         assert seen["headers"]["anthropic-version"] == "2023-06-01"  # the default
-        keyless = Upstream(requests.Session(), base, None, 5, api=SPEC)
+        keyless = Upstream(upstream_pool(), base, None, 5, api=SPEC)
         assert "x-api-key" not in keyless.get_json(OPENAI_CHAT, "/v1/models")["headers"]
 
 
 def test_an_upstream_without_url_names_its_setting() -> None:
-    up = Upstream(requests.Session(), None, None, 5, api=SPEC, setting="model_gate.upstreams.x.url")
+    up = Upstream(upstream_pool(), None, None, 5, api=SPEC, setting="model_gate.upstreams.x.url")
     with pytest.raises(GateNotConfigured, match=r"model_gate\.upstreams\.x\.url"):
         up.url("/v1/messages")
 
