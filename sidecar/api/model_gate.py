@@ -160,6 +160,8 @@ def _log(record: TurnRecord) -> None:
 def _answer(answer: GateAnswer, adapter: WireAdapter) -> Response:
     if answer.events is None:
         _log(answer.record)
+        if answer.raw is not None:
+            return Response(answer.raw, mimetype="application/json")
         return jsonify(answer.body)
     events = answer.events
 

@@ -60,11 +60,17 @@ class TurnRecord:
 
 @dataclass
 class GateAnswer:
-    """What the gate answers: a JSON body, or a stream of bytes in the API's framing."""
+    """What the gate answers: a JSON body, or a stream of bytes in the API's framing.
+
+    :ivar raw: the upstream's answer as it came (JSON bytes, decompressed),
+        when the gate relays it unchanged: sent as they are, not written again
+        from ``body``.
+    """
 
     record: TurnRecord
     body: Any = None
     events: Iterator[bytes] | None = None
+    raw: bytes | None = None
 
 
 @dataclass

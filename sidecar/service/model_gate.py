@@ -456,8 +456,8 @@ class ModelGate:
             nxt, denied, forward = self._again(turn, again)
             if nxt is not None:
                 return self._forward(nxt, forward)
-        if denied is None:
-            return GateAnswer(turn.record, body=parsed)
+        if denied is None:  # relayed as it came (parsed once, never written again)
+            return GateAnswer(turn.record, body=parsed, raw=content)
         return GateAnswer(
             turn.record, body=adapter.replace_with_text(parsed, denied, self._stamp())
         )

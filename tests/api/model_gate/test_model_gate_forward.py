@@ -52,3 +52,19 @@ def test_a_changed_request_is_written_anew(make_app: AppFactory, llm: FakeLLM) -
     forwarded = json.loads(sent[0])
     assert forwarded == llm.requests[-1]
     assert len(forwarded["messages"]) == len(body["messages"]) + 1
+
+
+def test_an_unchanged_answer_is_relayed_as_the_upstream_sent_it(
+    make_app: AppFactory, llm: FakeLLM
+) -> None:
+    """An answer the gate admits whole goes to n8n as the upstream's bytes (the
+    stand-in writes ``json.dumps``' spacing and its key order), not written again."""
+    llm.mode = "tool_call"
+    app = gate_app(make_app, llm)
+    _, created = Api(app.test_client()).post("/v1/tasks", {})
+    headers = {"Authorization": f"Bearer {N8N_TOKEN}"}
+    answer = app.test_client().post(CHAT, json=request(created["task"]["task_id"]), headers=headers)
+    assert answer.status_code == 200 and answer.mimetype == "application/json"
+    relayed = answer.get_json()
+    assert relayed["choices"][0]["message"]["tool_calls"]
+    assert answer.data == json.dumps(relayed).encode()
