@@ -256,12 +256,28 @@ def create_app(
     app.register_blueprint(model_gate.bp)
     app.register_blueprint(ui.bp)
     problems.register(app, _render_extra, metrics.store_errors.inc)
-    # The routes n8n calls on every item skip Flask's per-request work (sidecar.api.hot).
-    app.wsgi_app = HotRoutes(app, [*operations.HOT, *chains.HOT, *tasks.HOT], rt)  # type: ignore[method-assign]
+    # The routes n8n calls on every item, and the gate's turns, skip Flask's
+    # per-request work (sidecar.api.hot).
+    app.wsgi_app = HotRoutes(  # type: ignore[method-assign]
+        app,
+        [*operations.HOT, *chains.HOT, *tasks.HOT],
+        rt,
+        model_gate.hot_turns(_jsonify_bytes(app)),
+    )
 
     if tokens.open and announce:
         log.warning("no tokens configured: serving WITHOUT authentication, loopback callers only")
     return app
+
+
+def _jsonify_bytes(app: Flask) -> Callable[[Any], bytes]:
+    """The bytes ``jsonify`` answers ``body`` with, in ``app`` (its JSON provider's
+    settings), with no app context needed."""
+
+    def write(body: Any) -> bytes:
+        return cast(Response, app.json.response(body)).get_data()
+
+    return write
 
 
 #: The operator page's Content Security Policy: its own inline styles, no

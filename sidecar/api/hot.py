@@ -42,7 +42,7 @@ from sidecar.api.decisions import request_id
 from sidecar.api.openapi import REGISTRY
 from sidecar.auth import Principal, bound_port, check_host, presented_token
 from sidecar.errors import LoopstopError
-from sidecar.gate.wire.base import BEARER
+from sidecar.gate.wire.base import BEARER, Inbound, TokenFrom
 
 if TYPE_CHECKING:
     from sidecar.runtime import Runtime
@@ -80,6 +80,41 @@ class HotRoute:
     endpoint: str
     body: type[BaseModel]
     answer: Callable[..., BaseModel]
+
+
+@dataclass(frozen=True)
+class HotTurn:
+    """A model gate route the hot path serves (a path with no path value).
+
+    :ivar path: the request's path (``/v1/openai/chat/completions``).
+    :ivar below: the path below the API's prefix, forwarded (``/chat/completions``).
+    :ivar sources: where its API's client sends the token (headers only).
+    :ivar serve: ``(scope, body, inbound) -> answer bytes``, or None before
+        doing anything when Flask must serve the request (a stream, a body
+        the adapter refuses).
+    """
+
+    path: str
+    below: str
+    sources: tuple[TokenFrom, ...]
+    serve: Callable[[HotScope, dict[str, Any], Inbound], bytes | None]
+
+
+_ENTITY = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "content-length"}
+
+
+def lower_headers(environ: Mapping[str, Any]) -> dict[str, str]:
+    """The request's headers by lower-case name, as werkzeug reads them from the
+    WSGI environ (``HTTP_X_API_KEY`` is ``x-api-key``; a blank content type or
+    length is no header)."""
+    out: dict[str, str] = {}
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            if key not in ("HTTP_CONTENT_TYPE", "HTTP_CONTENT_LENGTH"):
+                out.setdefault(key[5:].replace("_", "-").lower(), value)
+        elif key in _ENTITY and value:
+            out.setdefault(_ENTITY[key], value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -122,8 +157,15 @@ class HotRoutes:
     :raises ValueError: a route answers another status than 200.
     """
 
-    def __init__(self, app: Flask, routes: Iterable[HotRoute], runtime: Runtime) -> None:
+    def __init__(
+        self,
+        app: Flask,
+        routes: Iterable[HotRoute],
+        runtime: Runtime,
+        turns: Iterable[HotTurn] = (),
+    ) -> None:
         self._app = app
+        self._turns = {turn.path: turn for turn in turns}
         self._flask: WsgiApp = app.wsgi_app
         self._runtime = runtime
         self._tokens = runtime.tokens
@@ -154,6 +196,9 @@ class HotRoutes:
         if environ.get("REQUEST_METHOD") != "POST":
             return self._flask(environ, start_response)
         path = environ.get("PATH_INFO", "")
+        turn = self._turns.get(path)
+        if turn is not None:
+            return self._turn(turn, environ, start_response, started)
         bound = self._exact.get(path)
         if bound is not None:
             values: dict[str, str] = {}
@@ -168,20 +213,14 @@ class HotRoutes:
         checks = bound.values
         if not all(k in checks and checks[k].fullmatch(v) for k, v in values.items()):
             return self._flask(environ, start_response)  # Flask names the wrong value
-        principal = self._plain(environ)
+        authorization = environ.get("HTTP_AUTHORIZATION")
+        principal = self._plain(
+            environ, {} if authorization is None else {"authorization": authorization}, (BEARER,)
+        )
         if principal is None:
             return self._flask(environ, start_response)
-        length = int(environ["CONTENT_LENGTH"])
-        try:
-            raw = environ["wsgi.input"].read(length)
-        except Exception as exc:  # a broken connection: Flask's read fails the same way
-            environ["wsgi.input"] = _Broken(exc)
-            return self._flask(environ, start_response)
-        environ["wsgi.input"] = io.BytesIO(raw)  # handed back, for Flask to read
-        if len(raw) != length:  # the client went away mid-body: Flask's reader says so
-            return self._flask(environ, start_response)
-        keep_body(environ, raw)  # Flask, handed the request, does not read it again
-        if not raw.strip():
+        raw = self._body(environ)
+        if raw is None:
             return self._flask(environ, start_response)
         route = bound.route
         try:
@@ -198,6 +237,62 @@ class HotRoutes:
             answer = answer_text(route.answer(scope, body, **values)).encode()
         except Exception as exc:
             return self._failed(environ, start_response, scope, exc)
+        return self._ok(start_response, scope, answer)
+
+    def _turn(
+        self,
+        turn: HotTurn,
+        environ: dict[str, Any],
+        start_response: StartResponse,
+        started: float,
+    ) -> Iterable[bytes]:
+        """A model gate turn (:class:`HotTurn`) when the request is plain and
+        its serve function takes it; else Flask, with the body read so far."""
+        headers = lower_headers(environ)
+        principal = self._plain(environ, headers, turn.sources)
+        if principal is None:
+            return self._flask(environ, start_response)
+        raw = self._body(environ)
+        if raw is None:
+            return self._flask(environ, start_response)
+        try:
+            body = decode_json_object(raw)
+        except LoopstopError:
+            return self._flask(environ, start_response)
+        query = environ.get("QUERY_STRING", "").encode("latin-1").decode("utf-8", "replace")
+        scope = HotScope(
+            request_id=request_id(environ),
+            started=started,
+            principal=principal,
+            runtime=self._runtime,
+        )
+        try:
+            answer = turn.serve(scope, body, Inbound(turn.below, query, headers, raw))
+        except Exception as exc:
+            return self._failed(environ, start_response, scope, exc)
+        if answer is None:
+            return self._flask(environ, start_response)
+        return self._ok(start_response, scope, answer)
+
+    def _body(self, environ: dict[str, Any]) -> bytes | None:
+        """The whole body (its length checked by :meth:`_plain`), kept for Flask
+        (:func:`~sidecar.api.body.keep_body`); None when Flask must read it: the
+        read failed or came short (the stream handed back says so), or it is blank."""
+        length = int(environ["CONTENT_LENGTH"])
+        try:
+            raw: bytes = environ["wsgi.input"].read(length)
+        except Exception as exc:  # a broken connection: Flask's read fails the same way
+            environ["wsgi.input"] = _Broken(exc)
+            return None
+        environ["wsgi.input"] = io.BytesIO(raw)  # handed back, for Flask to read
+        if len(raw) != length:  # the client went away mid-body: Flask's reader says so
+            return None
+        keep_body(environ, raw)  # Flask, handed the request, does not read it again
+        return raw if raw.strip() else None
+
+    @staticmethod
+    def _ok(start_response: StartResponse, scope: HotScope, answer: bytes) -> list[bytes]:
+        """A 200 JSON answer with the headers Flask's path gives it, in its order."""
         start_response(
             "200 OK",
             [
@@ -210,10 +305,19 @@ class HotRoutes:
         )
         return [answer]
 
-    def _plain(self, environ: Mapping[str, Any]) -> Principal | None:
+    def _plain(
+        self,
+        environ: Mapping[str, Any],
+        headers: Mapping[str, str],
+        sources: tuple[TokenFrom, ...],
+    ) -> Principal | None:
         """The caller of a request the hot path may serve, None when Flask must:
         an ``Origin`` (its check), no JSON content type, a chunked body or one
-        without a length within the limit, no token that authenticates."""
+        without a length within the limit, no token that authenticates.
+
+        :param headers: the request's headers where ``sources`` read the token
+            (by lower-case name).
+        """
         if "HTTP_ORIGIN" in environ or "HTTP_TRANSFER_ENCODING" in environ:
             return None
         ctype: str = environ.get("CONTENT_TYPE", "")
@@ -231,11 +335,10 @@ class HotRoutes:
                     environ.get("HTTP_HOST"), environ["wsgi.url_scheme"], bound_port(environ)
                 )
                 return tokens.authenticate_token(None, environ.get("REMOTE_ADDR"))
-            authorization = environ.get("HTTP_AUTHORIZATION")
-            if authorization is None:
+            token = presented_token(headers, {}, sources)
+            if token is None:
                 return None
-            token = presented_token({"authorization": authorization}, {}, (BEARER,))
-            return tokens.authenticate_token(token, environ.get("REMOTE_ADDR"))
+            return tokens.authenticate_token(token, environ.get("REMOTE_ADDR"), sources)
         except LoopstopError:
             return None
 

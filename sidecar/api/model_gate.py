@@ -12,8 +12,9 @@ sync and gthread workers alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from flask import (
     Blueprint,
@@ -27,9 +28,10 @@ from flask import (
 )
 
 from sidecar.api.body import read_json_object, read_raw_body
-from sidecar.api.decisions import log_decision
+from sidecar.api.decisions import Scope, record_decision
+from sidecar.api.hot import HotScope, HotTurn
 from sidecar.core.tasks import TurnDecision
-from sidecar.errors import UpstreamError
+from sidecar.errors import LoopstopError, UpstreamError
 from sidecar.gate.wire import (
     ANTHROPIC_MESSAGES,
     AZURE_CHAT,
@@ -127,14 +129,15 @@ def lower_headers() -> dict[str, str]:
     return out
 
 
-def _log(record: TurnRecord) -> None:
-    metrics = runtime().metrics
+def _log(scope: Scope, record: TurnRecord) -> None:
+    metrics = scope.runtime.metrics
     if record.task_id is not None:  # a tracked turn: refused, or admitted whatever followed
         deny = record.decision == TurnDecision.DENY
         metrics.model_turns.labels(str(TurnDecision.DENY if deny else TurnDecision.ADMIT)).inc()
     if record.tokens:
         metrics.model_tokens.inc(record.tokens)
-    log_decision(
+    record_decision(
+        scope,
         "model_gate",
         record.decision,
         record.reason,
@@ -157,9 +160,31 @@ def _log(record: TurnRecord) -> None:
     )
 
 
+def turn_answer(
+    scope: Scope,
+    adapter: WireAdapter,
+    body: dict[str, Any],
+    route: Mapping[str, str],
+    inbound: Inbound,
+) -> GateAnswer:
+    """Serve one turn (:meth:`~sidecar.service.model_gate.ModelGate.turn`): the
+    gate's answer; a turn that failed upstream is logged before its error
+    goes on. The Flask view and the hot path (:data:`HOT`) both call it.
+
+    :raises LoopstopError: as ``ModelGate.turn`` raises it.
+    """
+    try:
+        return scope.runtime.model_gate.turn(adapter, scope.principal, body, route, inbound)
+    except UpstreamError as exc:
+        if isinstance(exc.record, TurnRecord):
+            _log(scope, exc.record)
+        raise
+
+
 def _answer(answer: GateAnswer, adapter: WireAdapter) -> Response:
+    scope = g._get_current_object()
     if answer.events is None:
-        _log(answer.record)
+        _log(scope, answer.record)
         if answer.raw is not None:
             return Response(answer.raw, mimetype="application/json")
         return jsonify(answer.body)
@@ -170,7 +195,7 @@ def _answer(answer: GateAnswer, adapter: WireAdapter) -> Response:
             yield from events
         finally:
             if has_request_context():  # a stream dropped unread is closed by the collector
-                _log(answer.record)
+                _log(scope, answer.record)
 
     return Response(
         stream_with_context(relay()),
@@ -182,16 +207,47 @@ def _answer(answer: GateAnswer, adapter: WireAdapter) -> Response:
 def _turn_view(adapter: WireAdapter) -> Callable[..., Response]:
     def view(**route: str) -> Response:
         body = read_json_object()
-        try:
-            inbound = _inbound(body=True)
-            answer = runtime().model_gate.turn(adapter, g.principal, body, route, inbound)
-        except UpstreamError as exc:
-            if isinstance(exc.record, TurnRecord):
-                _log(exc.record)
-            raise
+        answer = turn_answer(g._get_current_object(), adapter, body, route, _inbound(body=True))
         return _answer(answer, adapter)
 
     return view
+
+
+def _hot_turn(adapter: WireAdapter, app_json: Callable[[Any], bytes]) -> Callable[..., Any]:
+    def serve(scope: HotScope, body: dict[str, Any], inbound: Inbound) -> bytes | None:
+        try:
+            adapter.validate(body)
+            if adapter.streaming(body):
+                return None  # a stream is Flask's (its generator response)
+        except LoopstopError:
+            return None  # Flask refuses it, naming the field
+        answer = turn_answer(scope, adapter, body, {}, inbound)
+        _log(scope, answer.record)
+        return answer.raw if answer.raw is not None else app_json(answer.body)
+
+    return serve
+
+
+def hot_turns(app_json: Callable[[Any], bytes]) -> list[HotTurn]:
+    """The gate's turn routes the hot path serves (:mod:`sidecar.api.hot`): each
+    API's routes with no path value, at their own path (not a base URL's doubled
+    slash), for a request that asks for no stream; the answer is
+    :func:`turn_answer`'s, its JSON written by ``app_json`` (the bytes Flask's
+    ``jsonify`` writes) when the gate does not relay the upstream's own.
+    """
+    return [
+        HotTurn(
+            prefix + r.path,
+            "/" + r.path.lstrip("/"),
+            r.adapter.api.token_from,
+            _hot_turn(r.adapter, app_json),
+        )
+        for prefix, routes in ROUTES.items()
+        for r in routes
+        if r.method == "POST"
+        and "<" not in r.path
+        and not any(source.query for source in r.adapter.api.token_from)
+    ]
 
 
 def _list_view(adapter: WireAdapter) -> Callable[..., Response]:
