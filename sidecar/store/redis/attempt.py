@@ -11,6 +11,7 @@ import redis
 from sidecar.store.base import META_ID, Doc, Plan, Snapshot, StoreEvents, T, TxnFn, decode_doc
 from sidecar.store.plan import WrittenText
 from sidecar.store.recent import RecentValues
+from sidecar.store.redis.connection import command
 
 #: Characters from which a document read is looked up among the texts this
 #: process wrote (a task document with its history, not a small record).
@@ -106,7 +107,7 @@ class Reads:
         store = self.store
         store.events.round_trip()
         prefix = store.prefix
-        values = cast(list[str | None], store.client.mget([prefix + k for k in fresh]))
+        values = cast(list[str | None], command(store.client, "MGET", *[prefix + k for k in fresh]))
         for i, value in enumerate(values):
             if value is not None and len(value) >= _LARGE:
                 # This process's own text, unchanged since it wrote it: read

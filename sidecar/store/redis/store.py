@@ -29,6 +29,7 @@ from sidecar.store.base import (
 from sidecar.store.recent import RecentValues
 from sidecar.store.redis import connection
 from sidecar.store.redis.attempt import Reads, decide
+from sidecar.store.redis.connection import command
 from sidecar.store.redis.script import CAS, FENCED, script_call, serialized
 
 log = logging.getLogger("loopstop.store")
@@ -325,10 +326,10 @@ class RedisStore(Store):
         its per-call checks: on ``NOSCRIPT`` (a server that never loaded it,
         or flushed it) the script is loaded and sent again."""
         try:
-            return self.client.evalsha(self._cas.sha, len(keys), *keys, *args)
+            return command(self.client, "EVALSHA", self._cas.sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
             self._cas.sha = self.client.script_load(CAS)
-            return self.client.evalsha(self._cas.sha, len(keys), *keys, *args)
+            return command(self.client, "EVALSHA", self._cas.sha, len(keys), *keys, *args)
 
     def _cas_and_wait(self, keys: list[bytes], args: list[bytes], deadline: float) -> Any:
         """The script and ``WAIT`` in one round trip (a pipeline).
@@ -357,7 +358,7 @@ class RedisStore(Store):
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
-        values = self.client.mget([self.key(k) for k in [*unique, META_ID]])
+        values = command(self.client, "MGET", *[self.key(k) for k in [*unique, META_ID]])
         self._verify_identity(cast(str | None, values[-1]))
         pairs = zip(unique, values[:-1], strict=True)
         return {k: None if v is None else decode_doc(k, v) for k, v in pairs}
