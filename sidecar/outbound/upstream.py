@@ -47,6 +47,7 @@ from sidecar.outbound.bounded_read import (
     BodyTooSlow,
     raw_chunks,
 )
+from sidecar.outbound.head_watch import bounded_pool, head_deadline
 
 #: The longest the TCP connect may take (of ``timeout_s``).
 CONNECT_S = 5.0
@@ -66,8 +67,9 @@ def upstream_pool() -> urllib3.PoolManager:
     """The gate's connection pool to its upstreams: TLS verified against
     certifi's CA bundle (as ``requests`` verifies), no retry (a connection
     found closed before use is opened again), at most :data:`POOL_SIZE`
-    idle connections kept per host."""
-    return urllib3.PoolManager(
+    idle connections kept per host, an answer's head read under the
+    exchange's deadline (:mod:`sidecar.outbound.head_watch`)."""
+    return bounded_pool(
         num_pools=16,
         maxsize=POOL_SIZE,
         retries=False,
@@ -115,6 +117,8 @@ def _send(
 
 
 def _broken(exc: Exception) -> StreamBroken:
+    if isinstance(exc, BodyBroken) and exc.timed_out:  # nothing came for a read timeout
+        return StreamBroken("the upstream model's stream took too long", "timeout")
     name = exc.error if isinstance(exc, BodyBroken) else type(exc).__name__
     return StreamBroken(f"the upstream model's stream broke ({name})", "upstream_stream_cut")
 
@@ -179,6 +183,22 @@ class Exchange:
                     received=sum(map(len, chunks)),
                 ) from None
             raise UpstreamError(
+                504,
+                adapter.error_body("the upstream model did not answer in time", "timeout"),
+                reason="timeout",
+                received=sum(map(len, chunks)),
+            ) from None
+        except BodyBroken as exc:
+            if not exc.timed_out:
+                raise UpstreamError(
+                    502,
+                    adapter.error_body(
+                        "the upstream model's answer broke off", "upstream_stream_cut"
+                    ),
+                    reason="upstream_stream_cut",
+                    received=sum(map(len, chunks)),
+                ) from None
+            raise UpstreamError(  # nothing came for a whole read timeout
                 504,
                 adapter.error_body("the upstream model did not answer in time", "timeout"),
                 reason="timeout",
@@ -327,10 +347,12 @@ class Upstream:
             headers["Accept"] = adapter.framing.content_type
         sent = raw if raw is not None else json.dumps(payload).encode("utf-8")
         timeout = urllib3.Timeout(connect=min(self.timeout_s, CONNECT_S), read=self.timeout_s)
+        head_by = time.monotonic() + self.timeout_s  # the watch's clock: real sockets
         try:
-            resp = _send(self.pool, "POST", url, headers, timeout, sent)
+            with head_deadline(head_by):
+                resp = _send(self.pool, "POST", url, headers, timeout, sent)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            if _timed_out(exc):
+            if _timed_out(exc) or time.monotonic() >= head_by:  # the head took too long
                 raise UpstreamError(
                     504, adapter.error_body("the upstream model did not answer in time", "timeout")
                 ) from None
@@ -372,7 +394,8 @@ class Upstream:
         read_s = min(self.timeout_s, LIST_READ_S)
         timeout = urllib3.Timeout(connect=LIST_CONNECT_S, read=read_s)
         try:
-            resp = _send(self.pool, "GET", url, self._headers(inbound), timeout)
+            with head_deadline(time.monotonic() + read_s):
+                resp = _send(self.pool, "GET", url, self._headers(inbound), timeout)
         except (urllib3.exceptions.HTTPError, OSError):
             raise UpstreamError(
                 502,

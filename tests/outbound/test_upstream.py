@@ -117,6 +117,57 @@ def test_the_deadline_covers_the_whole_exchange() -> None:
         exchange.close()
 
 
+def test_the_deadline_covers_the_answers_head() -> None:
+    """An upstream that sends a header line every 0.3 s (each within the read
+    timeout) never holds the turn past ``timeout_s``: its socket is shut down
+    at the deadline and the turn answers 504."""
+
+    class HeadDrip(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with contextlib.suppress(OSError):  # the client gave up: what this test wants
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                for i in range(20):
+                    self.wfile.write(f"X-Drip-{i}: a\r\n".encode())
+                    self.wfile.flush()
+                    time.sleep(0.3)
+                self.wfile.write(b"Content-Length: 2\r\n\r\n{}")
+
+    with running(HeadDrip) as base:
+        started = time.monotonic()
+        with pytest.raises(UpstreamError) as caught:
+            _upstream(base, timeout_s=1).post(OPENAI_CHAT, {"messages": []}, False)
+        assert caught.value.status == 504
+        assert time.monotonic() - started < 2.5
+
+
+def test_a_body_that_stops_coming_is_a_timeout() -> None:
+    """A body shorter than its ``Content-Length``, the connection kept open: the
+    read that waits for the rest times out (504 ``timeout``), as an answer
+    that never comes does; the body is not 'cut'."""
+
+    class Stalls(JsonHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"choices": ')
+            self.wfile.flush()
+            time.sleep(2)
+
+    with running(Stalls) as base:
+        exchange = _upstream(base, timeout_s=0.5).post(OPENAI_CHAT, {"messages": []}, False)
+        with pytest.raises(UpstreamError) as caught:
+            exchange.read_all(OPENAI_CHAT)
+    assert caught.value.status == 504 and caught.value.reason == "timeout"
+
+
 def test_a_cookie_an_upstream_sets_is_never_sent_with_a_later_turn() -> None:
     """One gate connection pool serves every caller: a cookie one turn's answer sets
     must not travel with the next turn, whoever sends it."""
