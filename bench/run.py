@@ -297,11 +297,15 @@ def wrk(
             capture_output=True,
             text=True,
             env={**os.environ, **env},
-            check=True,
+            check=False,
             timeout=args.duration + 60,
         )
     finally:
         script.unlink()
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"wrk {scenario} on {base} exited {out.returncode}: {out.stderr[-2000:]}"
+        )
     line = next(x for x in out.stdout.splitlines() if x.startswith("BENCH "))
     figures: dict[str, Any] = json.loads(line.removeprefix("BENCH "))
     figures["per_s"] = figures["requests"] / figures["duration_s"]
@@ -312,8 +316,15 @@ def wrk(
 
 def warm_up(base: str, args: argparse.Namespace, env: dict[str, str]) -> None:
     """One short discarded run, so the first scenario measured is not the
-    workers' first requests (imports, connections, caches)."""
-    wrk(base, "activation", argparse.Namespace(**{**vars(args), "duration": 1}), env)
+    workers' first requests (imports, connections, caches); once more when
+    wrk fails it (a server's first connections, seen now and then on a
+    PostgreSQL floor)."""
+    short = argparse.Namespace(**{**vars(args), "duration": 1})
+    try:
+        wrk(base, "activation", short, env)
+    except RuntimeError as exc:
+        print(f"warm-up failed, once more: {exc}", file=sys.stderr)
+        wrk(base, "activation", short, env)
 
 
 #: A bench task's limits: high enough that no run ends a task.
