@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import pytest
 import redis as redis_lib
 from flask import Flask
 from flask.testing import FlaskClient
+from werkzeug.test import Client
 
 from sidecar.app import create_app
 from sidecar.store import Store, store_from_url
@@ -579,6 +581,33 @@ class Api:
         )
         assert status == 200, body
         return dict(body)
+
+
+@contextmanager
+def served_by_flask(app: Flask) -> Iterator[list[str]]:
+    """Within the block, the paths of the requests Flask's request machinery
+    served (its ``request_started`` signal): what the hot path left to Flask."""
+    from flask import request, request_started
+
+    seen: list[str] = []
+
+    def started(sender: Flask, **_: Any) -> None:
+        seen.append(request.path)
+
+    request_started.connect(started, app)
+    try:
+        yield seen
+    finally:
+        request_started.disconnect(started, app)
+
+
+def flask_only(app: Flask) -> Client:
+    """A client of the Flask app behind the hot path (every request through Flask)."""
+    from sidecar.api.hot import HotRoutes
+
+    hot = app.wsgi_app
+    assert isinstance(hot, HotRoutes)
+    return Client(hot._flask)
 
 
 @pytest.fixture

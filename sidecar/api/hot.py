@@ -227,17 +227,12 @@ class HotRoutes:
             body = route.body.model_validate(decode_json_object(raw))
         except (LoopstopError, ValidationError):
             return self._flask(environ, start_response)  # Flask refuses it, with the field
-        scope = HotScope(
-            request_id=request_id(environ),
-            started=started,
-            principal=principal,
-            runtime=self._runtime,
+        return self._serve(
+            environ,
+            start_response,
+            HotScope(request_id(environ), started, principal, self._runtime),
+            lambda scope: answer_text(route.answer(scope, body, **values)).encode(),
         )
-        try:
-            answer = answer_text(route.answer(scope, body, **values)).encode()
-        except Exception as exc:
-            return self._failed(environ, start_response, scope, exc)
-        return self._ok(start_response, scope, answer)
 
     def _turn(
         self,
@@ -260,14 +255,25 @@ class HotRoutes:
         except LoopstopError:
             return self._flask(environ, start_response)
         query = environ.get("QUERY_STRING", "").encode("latin-1").decode("utf-8", "replace")
-        scope = HotScope(
-            request_id=request_id(environ),
-            started=started,
-            principal=principal,
-            runtime=self._runtime,
+        inbound = Inbound(turn.below, query, headers, raw)
+        return self._serve(
+            environ,
+            start_response,
+            HotScope(request_id(environ), started, principal, self._runtime),
+            lambda scope: turn.serve(scope, body, inbound),
         )
+
+    def _serve(
+        self,
+        environ: dict[str, Any],
+        start_response: StartResponse,
+        scope: HotScope,
+        work: Callable[[HotScope], bytes | None],
+    ) -> Iterable[bytes]:
+        """The answer ``work`` makes in ``scope``: a 200 with its bytes; Flask's
+        answer when it makes none (None); the app's error answer when it raises."""
         try:
-            answer = turn.serve(scope, body, Inbound(turn.below, query, headers, raw))
+            answer = work(scope)
         except Exception as exc:
             return self._failed(environ, start_response, scope, exc)
         if answer is None:

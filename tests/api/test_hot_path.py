@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from flask import Flask, request_started
-from werkzeug.test import Client, TestResponse
+from werkzeug.test import TestResponse
 
-from conftest import N8N_TOKEN, SCOPED_TOKEN, AppFactory
-from sidecar.api.hot import HotRoutes
+from conftest import N8N_TOKEN, SCOPED_TOKEN, AppFactory, flask_only, served_by_flask
 
 BEARER = {"Authorization": f"Bearer {N8N_TOKEN}"}
 
@@ -26,26 +25,9 @@ def app(make_app: AppFactory) -> Flask:
 
 
 @pytest.fixture
-def served_by_flask(app: Flask) -> Iterator[list[str]]:
-    """The paths of the requests Flask's request machinery served (its
-    ``request_started`` signal)."""
-    seen: list[str] = []
-
-    def started(sender: Flask, **_: Any) -> None:
-        from flask import request
-
-        seen.append(request.path)
-
-    request_started.connect(started, app)
-    yield seen
-    request_started.disconnect(started, app)
-
-
-def _flask_only(app: Flask) -> Client:
-    """A client of the Flask app behind the hot path (every request through Flask)."""
-    hot = app.wsgi_app
-    assert isinstance(hot, HotRoutes)
-    return Client(hot._flask)
+def flask_served(app: Flask) -> Iterator[list[str]]:
+    with served_by_flask(app) as seen:
+        yield seen
 
 
 def _post(client: Any, path: str, body: Any, **headers: str) -> TestResponse:
@@ -73,11 +55,11 @@ def _same(hot: TestResponse, flask: TestResponse, *ids: tuple[str, str]) -> None
 
 
 def test_plain_decision_requests_are_served_without_flask(
-    app: Flask, served_by_flask: list[str]
+    app: Flask, flask_served: list[str]
 ) -> None:
     client = app.test_client()
     task = _task(app)
-    served_by_flask.clear()
+    flask_served.clear()
     answers = [
         _post(client, "/v1/operations/op-1/begin", {"payload": {"n": 1}, "workflow": "wf"}),
         _post(
@@ -91,7 +73,7 @@ def test_plain_decision_requests_are_served_without_flask(
     call_id = answers[-1].json["call_id"]  # type: ignore[index]
     answers.append(_post(client, f"/v1/tasks/{task}/tool-calls/{call_id}/result", {"status": "ok"}))
     assert [r.status_code for r in answers] == [200] * 5, [r.json for r in answers]
-    assert served_by_flask == []
+    assert flask_served == []
     for r in answers:
         assert r.headers["Content-Type"] == "application/json"
         assert r.headers["Cache-Control"] == "no-store"
@@ -114,7 +96,7 @@ def test_open_mode_serves_loopback_callers_hot(make_app: AppFactory) -> None:
 
 
 def test_hot_answers_are_the_flask_answers(app: Flask) -> None:
-    hot, flask = app.test_client(), _flask_only(app)
+    hot, flask = app.test_client(), flask_only(app)
     body = {"payload": {"n": 1}, "workflow": "wf", "execution_id": "77"}
     _same(
         _post(hot, "/v1/operations/a/begin", body),
@@ -158,7 +140,7 @@ def test_hot_activation_and_tool_answers_are_the_flask_answers(
     """Each request is sent twice, through the hot path and through Flask alone,
     on records of its own: the answers and the decision lines are one but for
     their random ids."""
-    hot, flask = app.test_client(), _flask_only(app)
+    hot, flask = app.test_client(), flask_only(app)
     ids = ("chain_id", "activation_id", "marker", "task_id", "call_id")
 
     def both(
@@ -194,7 +176,7 @@ def test_hot_activation_and_tool_answers_are_the_flask_answers(
 
 
 def test_hot_decisions_log_the_flask_lines(app: Flask, caplog: pytest.LogCaptureFixture) -> None:
-    hot, flask = app.test_client(), _flask_only(app)
+    hot, flask = app.test_client(), flask_only(app)
     body = {"payload": {"n": 1}, "workflow": "wf", "execution_id": "77"}
     with caplog.at_level(logging.INFO, logger="loopstop.decisions"):
         _post(hot, "/v1/operations/a/begin", body, **{"X-Request-Id": "req-hot"})
@@ -245,20 +227,20 @@ LEFT_TO_FLASK = {
 
 @pytest.mark.parametrize("case", list(LEFT_TO_FLASK))
 def test_requests_that_are_not_plain_go_to_flask(
-    app: Flask, served_by_flask: list[str], case: str
+    app: Flask, flask_served: list[str], case: str
 ) -> None:
     extra, data, status = LEFT_TO_FLASK[case]
     headers = {"Content-Type": "application/json", **BEARER, **extra}
     headers = {k: v for k, v in headers.items() if v}
     r = app.test_client().post("/v1/operations/o/begin", data=data, headers=headers)
     assert r.status_code == status, r.json
-    assert served_by_flask == ["/v1/operations/o/begin"]
+    assert flask_served == ["/v1/operations/o/begin"]
     if status >= 400:
         assert r.headers["Content-Type"] == "application/problem+json"
         assert r.headers["X-Request-Id"]
 
 
-def test_a_chunked_body_goes_to_flask(app: Flask, served_by_flask: list[str]) -> None:
+def test_a_chunked_body_goes_to_flask(app: Flask, flask_served: list[str]) -> None:
     """gunicorn hands a chunked body over de-chunked, its length unknown
     (``wsgi.input_terminated``): Flask's reader bounds it."""
     r = app.test_client().post(
@@ -268,7 +250,7 @@ def test_a_chunked_body_goes_to_flask(app: Flask, served_by_flask: list[str]) ->
         environ_overrides={"HTTP_TRANSFER_ENCODING": "chunked", "wsgi.input_terminated": True},
     )
     assert r.status_code == 200, r.json
-    assert served_by_flask == ["/v1/operations/o/begin"]
+    assert flask_served == ["/v1/operations/o/begin"]
 
 
 @pytest.mark.parametrize(
@@ -281,17 +263,17 @@ def test_a_chunked_body_goes_to_flask(app: Flask, served_by_flask: list[str]) ->
     ],
 )
 def test_a_path_value_off_its_pattern_goes_to_flask(
-    app: Flask, served_by_flask: list[str], path: str
+    app: Flask, flask_served: list[str], path: str
 ) -> None:
     r = _post(app.test_client(), path, {"payload": {}, "tool": "t", "kind": "read"})
     assert r.status_code in (404, 422), r.json
-    assert served_by_flask == [path]
+    assert flask_served == [path]
 
 
 def test_an_error_a_decision_raises_is_the_flask_error(app: Flask) -> None:
     """A scope refusal and a conflict carrying the record are raised by the
     decision itself: the hot path answers them with the app's error handlers."""
-    hot, flask = app.test_client(), _flask_only(app)
+    hot, flask = app.test_client(), flask_only(app)
     scoped = {"Authorization": f"Bearer {SCOPED_TOKEN}"}
     body = {"payload": {"n": 1}, "workflow": "wf-crm"}
     _same(
@@ -308,12 +290,12 @@ def test_an_error_a_decision_raises_is_the_flask_error(app: Flask) -> None:
     _same(hot_answer, flask_answer, ('"c"', '"d"'), ("/c", "/d"), ("'c'", "'d'"))
 
 
-def test_a_body_cut_short_is_flasks_to_refuse(app: Flask, served_by_flask: list[str]) -> None:
+def test_a_body_cut_short_is_flasks_to_refuse(app: Flask, flask_served: list[str]) -> None:
     """A client that sends fewer bytes than its Content-Length and goes away is
     answered as Flask answers it (werkzeug's reader finds the body cut)."""
     data = b'{"payload": {"n": 1}}'
     answers = []
-    for client in (app.test_client(), _flask_only(app)):
+    for client in (app.test_client(), flask_only(app)):
         answers.append(
             client.post(
                 "/v1/operations/o/begin",
@@ -325,7 +307,7 @@ def test_a_body_cut_short_is_flasks_to_refuse(app: Flask, served_by_flask: list[
     hot, flask = answers
     assert hot.status_code == flask.status_code == 400, hot.json
     assert hot.json == flask.json
-    assert served_by_flask == ["/v1/operations/o/begin"] * 2  # the hot client's went to Flask
+    assert flask_served == ["/v1/operations/o/begin"] * 2  # the hot client's went to Flask
 
 
 class _ResetMidBody(io.RawIOBase):
@@ -369,7 +351,7 @@ def test_a_connection_reset_mid_body_decides_nothing(app: Flask) -> None:
             headers={**BEARER, "Content-Type": "application/json"},
             environ_overrides={"CONTENT_LENGTH": str(len(data) + 5000)},
         )
-        for client, op in ((app.test_client(), "o"), (_flask_only(app), "p"))
+        for client, op in ((app.test_client(), "o"), (flask_only(app), "p"))
     ]
     hot, flask = answers
     assert hot.status_code == flask.status_code >= 400, hot.json
@@ -383,7 +365,7 @@ def test_a_connection_reset_mid_body_decides_nothing(app: Flask) -> None:
     "ctype", ["\xa0application/json", "application/json\x85", " application/json"]
 )
 def test_a_padded_content_type_is_flasks_to_judge(
-    app: Flask, served_by_flask: list[str], ctype: str
+    app: Flask, flask_served: list[str], ctype: str
 ) -> None:
     """werkzeug trims only spaces and tabs around a media type: anything else
     around it is Flask's to refuse (415), never read as JSON by the hot path."""
@@ -391,8 +373,8 @@ def test_a_padded_content_type_is_flasks_to_judge(
     hot = app.test_client().post(
         "/v1/activations", data=data, headers={**BEARER, "Content-Type": ctype}
     )
-    flask = _flask_only(app).post(
+    flask = flask_only(app).post(
         "/v1/activations", data=data, headers={**BEARER, "Content-Type": ctype}
     )
     assert hot.status_code == flask.status_code
-    assert served_by_flask[0] == "/v1/activations"
+    assert flask_served[0] == "/v1/activations"

@@ -15,12 +15,11 @@ from typing import Any
 import gate_apis
 import pytest
 from fake_llm import FakeLLM
-from flask import Flask, request_started
+from flask import Flask
 from test_model_gate import CHAT, RESPONSES, gate_app, llm, request, responses_request
-from werkzeug.test import Client, TestResponse
+from werkzeug.test import TestResponse
 
-from conftest import N8N_TOKEN, Api, AppFactory
-from sidecar.api.hot import HotRoutes
+from conftest import N8N_TOKEN, Api, AppFactory, flask_only, served_by_flask
 
 __all__ = ["llm"]
 
@@ -33,24 +32,9 @@ def app(make_app: AppFactory, llm: FakeLLM) -> Flask:
 
 
 @pytest.fixture
-def served_by_flask(app: Flask) -> Iterator[list[str]]:
-    """The paths of the requests Flask's request machinery served."""
-    seen: list[str] = []
-
-    def started(sender: Flask, **_: Any) -> None:
-        from flask import request
-
-        seen.append(request.path)
-
-    request_started.connect(started, app)
-    yield seen
-    request_started.disconnect(started, app)
-
-
-def _flask_only(app: Flask) -> Client:
-    hot = app.wsgi_app
-    assert isinstance(hot, HotRoutes)
-    return Client(hot._flask)
+def flask_served(app: Flask) -> Iterator[list[str]]:
+    with served_by_flask(app) as seen:
+        yield seen
 
 
 def _task(app: Flask) -> str:
@@ -105,14 +89,14 @@ def _turns(task_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
     "which", ["chat", "responses", "anthropic", "ollama", "azure (AI Foundry)"]
 )
 def test_a_turn_that_asks_for_no_stream_is_served_without_flask(
-    app: Flask, llm: FakeLLM, served_by_flask: list[str], which: str
+    app: Flask, llm: FakeLLM, flask_served: list[str], which: str
 ) -> None:
     llm.mode = "tool_call"
     path, body = _turns(_task(app))[which]
-    served_by_flask.clear()
+    flask_served.clear()
     r = _post(app.test_client(), path, body)
     assert r.status_code == 200, r.json
-    assert served_by_flask == []
+    assert flask_served == []
     assert r.headers["Content-Type"] == "application/json"
     assert r.headers["Cache-Control"] == "no-store"
     assert r.headers["X-Content-Type-Options"] == "nosniff"
@@ -121,13 +105,13 @@ def test_a_turn_that_asks_for_no_stream_is_served_without_flask(
 
 
 def test_anthropics_key_header_authenticates_a_hot_turn(
-    app: Flask, llm: FakeLLM, served_by_flask: list[str]
+    app: Flask, llm: FakeLLM, flask_served: list[str]
 ) -> None:
     path, body = _turns(_task(app))["anthropic"]
-    served_by_flask.clear()
+    flask_served.clear()
     r = app.test_client().post(path, json=body, headers={"x-api-key": N8N_TOKEN})
     assert r.status_code == 200, r.json
-    assert served_by_flask == []
+    assert flask_served == []
     # The loopstop token never reaches the upstream; its version header does.
     sent = llm.headers[-1]
     assert N8N_TOKEN not in json.dumps(sent)
@@ -142,7 +126,7 @@ def test_hot_turns_answer_and_log_as_flask_does(
     final message) and the decision lines are one but for their random ids."""
     llm.mode = mode
     app = gate_app(make_app, llm, limits={"max_model_calls": 2})
-    hot, flask = app.test_client(), _flask_only(app)
+    hot, flask = app.test_client(), flask_only(app)
     tasks = _task(app), _task(app)
     with caplog.at_level(logging.INFO, logger="loopstop.decisions"):
         for _ in range(3):  # the third turn is past the budget on both
@@ -163,19 +147,19 @@ def test_hot_turns_answer_and_log_as_flask_does(
 
 def test_an_upstream_error_is_the_flask_error(app: Flask, llm: FakeLLM) -> None:
     llm.mode = "500"
-    hot, flask = app.test_client(), _flask_only(app)
+    hot, flask = app.test_client(), flask_only(app)
     answers = [_post(client, CHAT, request(_task(app))) for client in (hot, flask)]
     assert answers[0].status_code == 500
     _same(*answers)
 
 
-def test_a_stream_is_flasks(app: Flask, llm: FakeLLM, served_by_flask: list[str]) -> None:
+def test_a_stream_is_flasks(app: Flask, llm: FakeLLM, flask_served: list[str]) -> None:
     llm.mode = "final"
     body = request(_task(app), stream=True)
-    served_by_flask.clear()
+    flask_served.clear()
     r = _post(app.test_client(), CHAT, body)
     assert r.status_code == 200 and r.mimetype == "text/event-stream"
-    assert served_by_flask == [CHAT]
+    assert flask_served == [CHAT]
 
 
 LEFT_TO_FLASK = {
@@ -188,22 +172,22 @@ LEFT_TO_FLASK = {
 
 @pytest.mark.parametrize("case", list(LEFT_TO_FLASK))
 def test_a_turn_that_is_not_plain_goes_to_flask(
-    app: Flask, served_by_flask: list[str], case: str
+    app: Flask, flask_served: list[str], case: str
 ) -> None:
     extra, body, status = LEFT_TO_FLASK[case]
     headers = {k: v for k, v in {**BEARER, **extra}.items() if v}
-    served_by_flask.clear()
+    flask_served.clear()
     r = app.test_client().post(CHAT, json=body or request(_task(app)), headers=headers)
     assert r.status_code == status, r.json
-    assert served_by_flask[-1] == CHAT
+    assert flask_served[-1] == CHAT
 
 
 def test_a_base_urls_doubled_slash_is_flasks(
-    app: Flask, llm: FakeLLM, served_by_flask: list[str]
+    app: Flask, llm: FakeLLM, flask_served: list[str]
 ) -> None:
     llm.mode = "final"
     body = request(_task(app))
-    served_by_flask.clear()
+    flask_served.clear()
     r = _post(app.test_client(), "/v1/openai//chat/completions", body)
     assert r.status_code == 200, r.json
-    assert served_by_flask == ["/v1/openai//chat/completions"]
+    assert flask_served == ["/v1/openai//chat/completions"]
