@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import os
 import socket
 import threading
 import time
@@ -37,6 +38,12 @@ class HeadWatch:
     (:func:`time.monotonic` seconds), from one daemon thread started on first use."""
 
     def __init__(self) -> None:
+        self._reset()
+        # A process forked from this one starts with no watched socket and no
+        # thread (it never inherits the parent's, nor a lock held at the fork).
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._armed: dict[int, socket.socket] = {}
         self._due: list[tuple[float, int]] = []  # (deadline, key), a heap
         self._keys = itertools.count()
@@ -49,15 +56,18 @@ class HeadWatch:
             due, armed = self._due, self._armed
             while due and due[0][1] not in armed:
                 heapq.heappop(due)  # released: the heap holds what is in flight, about
+            if len(due) > 2 * len(armed) + 64:  # released ones behind a long wait
+                due[:] = [(t, k) for t, k in due if k in armed]
+                heapq.heapify(due)
             key = next(self._keys)
             armed[key] = sock
             heapq.heappush(due, (at, key))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="loopstop-upstream-head", daemon=True
                 )
                 self._thread.start()
-            elif self._due[0][1] == key:  # the earliest now: the thread sleeps past it
+            elif due[0][1] == key:  # the earliest now: the thread sleeps past it
                 self._cond.notify()
             return key
 
@@ -66,6 +76,12 @@ class HeadWatch:
         when it was shut down first (its deadline passed)."""
         with self._cond:
             return self._armed.pop(key, None) is not None
+
+    def backlog(self) -> int:
+        """The deadlines held: the sockets watched, and released ones not yet
+        dropped (at most about twice the first, plus 64)."""
+        with self._cond:
+            return len(self._due)
 
     def _run(self) -> None:
         while True:
@@ -84,7 +100,7 @@ class HeadWatch:
                     if sock is not None:
                         late.append(sock)
             for sock in late:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(Exception):  # closed already, or no shutdown
                     sock.shutdown(socket.SHUT_RDWR)
 
 
