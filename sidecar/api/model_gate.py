@@ -29,7 +29,7 @@ from flask import (
 
 from sidecar.api.body import read_json_object, read_raw_body
 from sidecar.api.decisions import Scope, record_decision
-from sidecar.api.hot import HotScope, HotTurn
+from sidecar.api.hot import HotScope, HotTurn, lower_headers
 from sidecar.core.tasks import TurnDecision
 from sidecar.errors import LoopstopError, UpstreamError
 from sidecar.gate.wire import (
@@ -116,17 +116,9 @@ def _inbound(body: bool = False) -> Inbound:
     return Inbound(
         "/" + request.path[len(prefix) :].lstrip("/"),
         request.query_string.decode("utf-8", "replace"),
-        lower_headers(),
+        lower_headers(request.environ),
         raw if raw.strip() else None,  # an empty body read as {} is sent as {}
     )
-
-
-def lower_headers() -> dict[str, str]:
-    """The request's headers, their names in lower case (the first of a repeated one)."""
-    out: dict[str, str] = {}
-    for name, value in request.headers.items():
-        out.setdefault(name.lower(), value)
-    return out
 
 
 def _log(scope: Scope, record: TurnRecord) -> None:
