@@ -30,6 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Every large document a store reads back from its own written text is
+# checked against that text, value and type (sidecar.store.plan.CHECK_KNOWN),
+# here and in every sidecar process the tests start (they inherit it). Set
+# before sidecar is imported: it is read once.
+os.environ["LOOPSTOP_CHECK_KNOWN_DOCS"] = "1"
+
 import pytest
 import redis as redis_lib
 from flask import Flask

@@ -5,6 +5,7 @@ documents are stored as. Every store applies a plan; none decides one."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -17,20 +18,59 @@ T = TypeVar("T")
 Doc = dict[str, Any]
 
 
+#: Characters from which a document counts as large: a task document with its
+#: history, not a small record. A large text this process wrote keeps the
+#: document it was written from (:class:`WrittenText`).
+LARGE_DOC_CHARS = 4096
+
+#: ``LOOPSTOP_CHECK_KNOWN_DOCS=1`` (the test suite sets it): every document
+#: :func:`decode_doc` takes from a :class:`WrittenText` is compared, value and
+#: type, with its text read again (:func:`check_known`), and every written
+#: text keeps its document, small ones too (so every kind of document is
+#: checked, not only the large ones a test rarely makes).
+CHECK_KNOWN = os.environ.get("LOOPSTOP_CHECK_KNOWN_DOCS") == "1"
+
+#: Characters from which a :class:`WrittenText` keeps its document.
+KEEP_DOC_CHARS = 0 if CHECK_KNOWN else LARGE_DOC_CHARS
+
+
 class WrittenText(str):
     """A document's text exactly as orjson wrote it (:func:`written_text`):
-    :func:`decode_doc` reads it back with orjson alone, with no check."""
+    :func:`decode_doc` reads it back with orjson alone, with no check.
 
-    __slots__ = ()
+    :ivar doc: for a large text (:data:`KEEP_DOC_CHARS`), the document it was
+        written from, which :func:`decode_doc` returns without reading the
+        text again (None: read it). It holds JSON types only (``dict``,
+        ``list``, ``str``, ``int``, ``float``, ``bool``, None), as orjson reads
+        them back, and is never changed once written: a document read from a
+        store is never changed in place (a record is made from it). The
+        test suite checks both on every read (:data:`CHECK_KNOWN`).
+    """
+
+    doc: Any = None
+
+
+def written(doc: Any) -> tuple[str, bytes]:
+    """:func:`encode_doc`'s text of ``doc`` and its UTF-8 bytes: the text is a
+    :class:`WrittenText` when orjson wrote it (a store that keeps the texts it
+    wrote reads them back faster), keeping ``doc`` when it is large.
+
+    :raises TypeError: when neither orjson nor :func:`json.dumps` can encode ``doc``.
+    """
+    try:
+        data = orjson.dumps(doc)
+    except TypeError:
+        text = json.dumps(doc, separators=(",", ":"))
+        return text, text.encode()
+    kept = WrittenText(data, "utf-8")
+    if len(data) >= KEEP_DOC_CHARS:
+        kept.doc = doc
+    return kept, data
 
 
 def written_text(doc: Any) -> str:
-    """:func:`encode_doc`'s text, marked :class:`WrittenText` when orjson wrote it
-    (a store that keeps the texts it wrote reads them back faster)."""
-    try:
-        return WrittenText(orjson.dumps(doc), "utf-8")
-    except TypeError:
-        return json.dumps(doc, separators=(",", ":"))
+    """:func:`written`'s text alone."""
+    return written(doc)[0]
 
 
 def encode_doc(doc: Any) -> str:
@@ -66,12 +106,21 @@ def decode_doc(key: str, text: str | bytes) -> Any:
     Those, and text orjson refuses (NaN, lone surrogates), are read again by
     :func:`json.loads`.
 
+    A large text this process wrote is not read at all: the document it was
+    written from is returned (:class:`WrittenText`; a task document of 44 KB
+    costs 130-250 us to read).
+
     :raises StoreUnavailable: the stored text is not JSON (damaged, or written
         by something else): a store that returns what it was not given fails
         closed, as one that does not answer.
     """
     if type(text) is WrittenText:
-        return orjson.loads(str.__str__(text))  # orjson takes an exact str only
+        doc = text.doc
+        if doc is None:
+            return orjson.loads(str.__str__(text))  # orjson takes an exact str only
+        if CHECK_KNOWN:
+            check_known(key, text, doc)
+        return doc
     try:
         doc = orjson.loads(text)
         if orjson.dumps(doc) == (text if isinstance(text, bytes) else text.encode()):
@@ -82,6 +131,42 @@ def decode_doc(key: str, text: str | bytes) -> Any:
         return json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise StoreUnavailable(f"the document stored at {key!r} is not JSON") from exc
+
+
+def check_known(key: str, text: WrittenText, doc: Any) -> None:
+    """Compare the document a written text kept with the text read again:
+    the same values of the same types (``1`` is not ``1.0``, a tuple not a
+    list), in the same order.
+
+    :raises RuntimeError: they differ: the document was changed after it was
+        written, or held a type JSON does not have.
+    """
+    path = _difference(doc, orjson.loads(str.__str__(text)), "$")
+    if path is not None:
+        raise RuntimeError(f"the document kept for {key!r} differs from its text at {path}")
+
+
+def _difference(kept: Any, read: Any, path: str) -> str | None:
+    """The first path at which ``kept`` and ``read`` differ in value or type."""
+    if type(kept) is not type(read):
+        return f"{path} ({type(kept).__name__}, read {type(read).__name__})"
+    if type(kept) is dict:
+        if list(kept) != list(read):
+            return f"{path} (members)"
+        for name, value in kept.items():
+            found = _difference(value, read[name], f"{path}.{name}")
+            if found is not None:
+                return found
+        return None
+    if type(kept) is list:
+        if len(kept) != len(read):
+            return f"{path} (length)"
+        for i, (a, b) in enumerate(zip(kept, read, strict=True)):
+            found = _difference(a, b, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    return None if kept == read else path
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,33 @@ from collections.abc import Iterable
 from typing import Any
 
 from sidecar.store.base import META_ID, Plan
+from sidecar.store.plan import WrittenText
 
 #: Keys and characters of documents :class:`RecentValues` keeps per store object.
 RECENT_KEYS = 4096
 RECENT_CHARS = 16_000_000
 #: The longest document kept (characters): a larger one is read again next time.
 _LARGEST = RECENT_CHARS // 16
+#: Characters of the texts whose written documents are kept beside them
+#: (:class:`~sidecar.store.plan.WrittenText`); a document costs about three
+#: times its text in memory, so this bounds them to about 12 MB per store object.
+RECENT_DOC_CHARS = 4_000_000
 
 
 class RecentValues:
     """What this process last read or wrote under each key (raw text, None:
     absent): at most :data:`RECENT_KEYS` keys and :data:`RECENT_CHARS`
-    characters of documents, the least recently used forgotten first."""
+    characters of documents, the least recently used forgotten first.
+
+    A text this process wrote keeps the document it was written from (read
+    back without parsing) while it is among the last :data:`RECENT_DOC_CHARS`
+    characters of such texts remembered; an older one lets it go."""
 
     def __init__(self) -> None:
         self._values: OrderedDict[str, str | None] = OrderedDict()
         self._chars = 0
+        self._docs: OrderedDict[str, WrittenText] = OrderedDict()
+        self._doc_chars = 0
         self._lock = threading.Lock()
 
     def get(self, key: str) -> str | None:
@@ -75,18 +86,36 @@ class RecentValues:
                 old = values.pop(key, None)
                 if old is not None:
                     chars -= len(old)
+                    self._drop_doc(key)
                 if value is None:
                     values[key] = None
                 elif len(value) <= _LARGEST:
                     values[key] = value
                     chars += len(value)
+                    if type(value) is WrittenText and value.doc is not None:
+                        self._keep_doc(key, value)
                 # else too large to keep: read it again next time
             while len(values) > RECENT_KEYS or chars > RECENT_CHARS:
-                _, dropped = values.popitem(last=False)
+                key, dropped = values.popitem(last=False)
                 if dropped is not None:
                     chars -= len(dropped)
+                    self._drop_doc(key)
         finally:
             self._chars = chars
+
+    def _keep_doc(self, key: str, text: WrittenText) -> None:
+        docs = self._docs
+        docs[key] = text
+        self._doc_chars += len(text)
+        while self._doc_chars > RECENT_DOC_CHARS:
+            _, oldest = docs.popitem(last=False)
+            self._doc_chars -= len(oldest)
+            oldest.doc = None  # read from its text from now on
+
+    def _drop_doc(self, key: str) -> None:
+        text = self._docs.pop(key, None)
+        if text is not None:
+            self._doc_chars -= len(text)
 
     def _forget(self, keys: Iterable[str]) -> None:
         values = self._values
@@ -94,6 +123,7 @@ class RecentValues:
             old = values.pop(key, None)
             if old is not None:
                 self._chars -= len(old)
+                self._drop_doc(key)
 
     def after(
         self,

@@ -5,6 +5,7 @@ orjson writes the same bytes back, else with the standard library)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.errors import StoreUnavailable
-from sidecar.store.plan import WrittenText, decode_doc, encode_doc, written_text
+from sidecar.store import plan, recent
+from sidecar.store.plan import (
+    LARGE_DOC_CHARS,
+    WrittenText,
+    decode_doc,
+    encode_doc,
+    written_text,
+)
 
 SCALARS = (
     st.none()
@@ -71,3 +79,66 @@ def test_texts_orjson_reads_otherwise(text: str) -> None:
 def test_damaged_text_is_refused() -> None:
     with pytest.raises(StoreUnavailable):
         decode_doc("k", '{"a":')
+
+
+def _large(calls: int = 60) -> dict[str, Any]:
+    """A document past LARGE_DOC_CHARS, shaped as a task's history."""
+    history = [
+        {"call_id": f"k{i:016x}", "tool": "search", "status": "ok", "at": 1.5 + i, "rev": i}
+        for i in range(calls)
+    ]
+    return {"task_id": "t1", "calls": history, "seen": {"a": 1}}
+
+
+def test_a_large_written_text_reads_back_as_the_document_it_was_written_from() -> None:
+    doc = _large()
+    text = written_text(doc)
+    assert len(text) >= LARGE_DOC_CHARS
+    assert decode_doc("k", text) is doc  # not read again
+    assert _same(decode_doc("k", text), json.loads(text))
+
+
+def test_a_small_written_text_is_read_from_its_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "KEEP_DOC_CHARS", LARGE_DOC_CHARS)  # as served (the suite: 0)
+    doc = {"task_id": "t1", "calls": []}
+    text = written_text(doc)
+    got = decode_doc("k", text)
+    assert got == doc and got is not doc
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda d: d["calls"][3].update(status="failed"), "$.calls[3].status"),
+        (lambda d: d["seen"].update(b=2), "$.seen (members)"),
+        (lambda d: d.update(seen={"a": 1.0}), "$.seen.a (float, read int)"),
+        (lambda d: d.update(calls=tuple(d["calls"])), "$.calls (tuple, read list)"),
+    ],
+)
+def test_a_kept_document_that_differs_from_its_text_is_refused(change: Any, where: str) -> None:
+    """The suite turns the check on (LOOPSTOP_CHECK_KNOWN_DOCS=1, tests/conftest.py):
+    a document changed after it was written, or holding a type JSON reads
+    otherwise, fails the request that reads it."""
+    doc = _large()
+    text = written_text(doc)
+    change(doc)
+    with pytest.raises(RuntimeError, match=re.escape(where)):
+        decode_doc("k", text)
+
+
+def test_recent_values_keep_documents_up_to_their_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    texts = {f"t{i}": written_text(_large()) for i in range(4)}
+    size = len(texts["t0"])
+    monkeypatch.setattr(recent, "RECENT_DOC_CHARS", 2 * size)
+    values = recent.RecentValues()
+    values.remember(texts.items())
+    kept = [k for k, t in texts.items() if decode_doc(k, t) is t.doc and t.doc is not None]
+    assert kept == ["t2", "t3"]  # the two remembered last
+    assert all(values.get(k) == t for k, t in texts.items())  # every text is still known
+    for key in ("t0", "t1"):  # read from the text once the document is let go
+        assert _same(decode_doc(key, texts[key]), json.loads(texts[key]))
+    values.forget(["t3"])
+    values.remember([("t4", written_text(_large()))])
+    assert texts["t2"].doc is not None  # t3's place was freed: nothing else let go

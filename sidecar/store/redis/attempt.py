@@ -9,13 +9,9 @@ from typing import Protocol, cast
 import redis
 
 from sidecar.store.base import META_ID, Doc, Plan, Snapshot, StoreEvents, T, TxnFn, decode_doc
-from sidecar.store.plan import WrittenText
+from sidecar.store.plan import LARGE_DOC_CHARS, WrittenText
 from sidecar.store.recent import RecentValues
 from sidecar.store.redis.connection import command
-
-#: Characters from which a document read is looked up among the texts this
-#: process wrote (a task document with its history, not a small record).
-_LARGE = 4096
 
 
 class Source(Protocol):
@@ -109,9 +105,9 @@ class Reads:
         prefix = store.prefix
         values = cast(list[str | None], command(store.client, "MGET", *[prefix + k for k in fresh]))
         for i, value in enumerate(values):
-            if value is not None and len(value) >= _LARGE:
+            if value is not None and len(value) >= LARGE_DOC_CHARS:
                 # This process's own text, unchanged since it wrote it: read
-                # back with no check (see decode_doc).
+                # back with no check, or not at all (see decode_doc).
                 known = store.recent.get(fresh[i])
                 if type(known) is WrittenText and known == value:
                     values[i] = known

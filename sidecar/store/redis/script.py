@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from sidecar.store.plan import Doc, Plan, WrittenText, written_text
+from sidecar.store.plan import Plan, written, written_text
 
 #: The script's text, registered once per store object.
 CAS = resources.files("sidecar.store").joinpath("lua/cas.lua").read_text()
@@ -40,17 +40,6 @@ def _plan_json(plan: dict[str, Any]) -> bytes:
         return orjson.dumps(plan)
     except TypeError:
         return json.dumps(plan, separators=(",", ":")).encode()
-
-
-def _written(doc: Doc) -> tuple[str, bytes]:
-    """:func:`~sidecar.store.plan.written_text` of ``doc`` and its UTF-8 bytes
-    (what is sent: orjson's own output when orjson wrote it, not encoded again)."""
-    try:
-        data = orjson.dumps(doc)
-    except TypeError:
-        text = json.dumps(doc, separators=(",", ":"))
-        return text, text.encode()
-    return WrittenText(data, "utf-8"), data
 
 
 def serialized(plan: Plan[Any]) -> dict[str, str | None]:
@@ -109,7 +98,7 @@ def script_call(
         if write.doc is None:
             texts[key] = None
         else:
-            texts[key], data[key] = _written(write.doc)
+            texts[key], data[key] = written(write.doc)
     position = {k: i for i, k in enumerate(doc_keys, 1)}
     writes: list[list[Any]] = []
     values: list[bytes] = []  # ARGV after the plan: the new documents
