@@ -18,7 +18,8 @@ store, in one Redis script (one round trip) or one SQL transaction:
   decision needs the task's counters and its recent calls; the document is
   :data:`TASK_DOC_BYTES` long, as a task's with its last 200 calls).
 - a model turn: the task's transaction, then the body forwarded to the
-  upstream ``FLOOR_UPSTREAM`` names and its answer relayed (the model gate
+  upstream ``FLOOR_UPSTREAM`` names with urllib3, as the gate sends it, and its
+  answer relayed (the model gate
   admits the turn, forwards it, then counts its usage: a second transaction
   the floor leaves out, so the floor is the least any gate could do).
 
@@ -36,7 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import requests
+import urllib3
 from bare import BODY
 from flask import Flask, Response, request
 
@@ -44,6 +45,7 @@ from flask import Flask, Response, request
 #: a task's document after 200 calls, as the sidecar stores it.
 TASK_DOC_BYTES = int(os.environ.get("FLOOR_TASK_DOC_BYTES", "36000"))
 TTL_MS = 3_600_000
+JSON = {"Content-Type": "application/json"}
 
 OP_DOC = json.dumps(BODY["operation"], separators=(",", ":"))
 SETTLED = OP_DOC.replace('"in_progress"', '"committed"')
@@ -251,7 +253,7 @@ def create_app() -> Flask:
         return answer(None, {"task_id": task, "call_id": "k" + os.urandom(8).hex()})
 
     upstream = os.environ.get("FLOOR_UPSTREAM", "")
-    session = requests.Session()
+    pool = urllib3.PoolManager(maxsize=16, retries=False)
 
     @app.post("/v1/openai/chat/completions")
     @app.post("/v1/openai/responses", endpoint="model_turn_responses")
@@ -261,8 +263,10 @@ def create_app() -> Flask:
         system = str(first.get("content", "")) if isinstance(first, dict) else ""
         work["task"](system.rpartition("loopstop-task: ")[2].strip() or "turn")
         path = request.path.removeprefix("/v1/openai")
-        r = session.post(f"{upstream}{path}", json=body, timeout=10)
-        return Response(r.content, r.status_code, mimetype="application/json")
+        r = pool.request(  # n8n's bytes, as the gate forwards an unchanged body
+            "POST", f"{upstream}{path}", body=request.get_data(), headers=JSON, timeout=10
+        )
+        return Response(r.data, r.status, mimetype="application/json")
 
     @app.post("/v1/tasks/<task>/tool-calls/<call>/result")
     def tool_result(task: str, call: str) -> Response:

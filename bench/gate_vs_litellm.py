@@ -18,8 +18,12 @@ time of the same round (p50 and p90 over the rounds). The targets:
 - ``floor, served``: bench/floors.py's model turn under the same gunicorn
   worker class and settings (one Redis script reading and writing a task
   document of ``FLOOR_TASK_DOC_BYTES``, 4,000 here, about a task's of 20
-  turns; then the body forwarded with ``requests`` and the answer relayed):
+  turns; then the body forwarded with urllib3 and the answer relayed):
   the least any served gate on that store adds (``--no-floor`` skips it);
+- ``forward, served``: bench/forward.py under the same gunicorn worker class
+  and settings, a bare WSGI callable that forwards the body with urllib3 and
+  relays the answer (no framework, no store): what the served hop alone
+  adds on this machine (skipped with ``--no-floor`` too);
 - ``LiteLLM proxy``: ``litellm --config`` with one model routed to the
   stand-in as an OpenAI-compatible upstream (``openai/<model>``,
   ``api_base``), over loopback HTTP with keep-alive (skipped with
@@ -178,6 +182,47 @@ def _floor(folder: str, redis_url: str, upstream: str, workers: int) -> Iterator
     proc, base = start_bare(workers, f"{redis_url}/3", upstream, {"FLOOR_TASK_DOC_BYTES": "4000"})
     try:
         yield base + "/v1/openai"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def _forward(upstream: str, workers: int) -> Iterator[str]:
+    """bench/forward.py under ``loopstop serve``'s gunicorn settings."""
+    from run import SERVE_SETTINGS
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--chdir",
+            str(ROOT / "bench"),
+            "-w",
+            str(workers),
+            "-b",
+            f"127.0.0.1:{port}",
+            *SERVE_SETTINGS,
+            "--log-level",
+            "warning",
+            "forward:create_app()",
+        ],
+        env={**os.environ, "FORWARD_UPSTREAM": upstream, "PYTHONPATH": str(ROOT)},
+    )
+    base = f"http://127.0.0.1:{port}/v1/openai"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.post(base + "/chat/completions", json=_body("chat", "t"), timeout=2)
+                break
+            except requests.RequestException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield base
     finally:
         proc.terminate()
         proc.wait(10)
@@ -345,6 +390,12 @@ def main() -> None:
                 floor_base = floor_cm.__enter__()
                 stack.append(floor_cm)
                 targets.append(_http_target("floor, served", floor_base, requests.Session(), False))
+                forward_cm = _forward(llm.base, args.workers)
+                forward_base = forward_cm.__enter__()
+                stack.append(forward_cm)
+                targets.append(
+                    _http_target("forward, served", forward_base, requests.Session(), False)
+                )
             litellm_cm = _litellm(folder, llm.base) if not args.no_litellm else None
             litellm_base = litellm_cm.__enter__() if litellm_cm is not None else None
             if litellm_cm is not None:
