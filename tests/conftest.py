@@ -30,12 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Every large document a store reads back from its own written text is
-# checked against that text, value and type (sidecar.store.plan.CHECK_KNOWN),
-# here and in every sidecar process the tests start (they inherit it). Set
-# before sidecar is imported: it is read once.
-os.environ["LOOPSTOP_CHECK_KNOWN_DOCS"] = "1"
-
 import pytest
 import redis as redis_lib
 from flask import Flask
@@ -43,7 +37,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import Client
 
 from sidecar.app import create_app
-from sidecar.store import Store, store_from_url
+from sidecar.store import Store, plan, store_from_url
 
 #: the repository's root, and the tests' own folder (modules in any subfolder use these)
 REPO = Path(__file__).resolve().parents[1]
@@ -490,6 +484,17 @@ def clock() -> Clock:
 
 
 STORES = ["sqlite", "redis", "postgres"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Check every document a store takes from its own written text against
+    that text, value and type (:data:`sidecar.store.plan.CHECK_KNOWN`), small
+    ones too: here, and in every sidecar process the tests start (they
+    inherit the environment). Only under pytest: the benchmarks import this
+    module for its servers and measure the sidecar as served."""
+    os.environ["LOOPSTOP_CHECK_KNOWN_DOCS"] = "1"
+    plan.CHECK_KNOWN = True
+    plan.KEEP_DOC_CHARS = 0
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
