@@ -42,9 +42,10 @@ class WrittenText(str):
         written from, which :func:`decode_doc` returns without reading the
         text again (None: read it). It holds JSON types only (``dict``,
         ``list``, ``str``, ``int``, ``float``, ``bool``, None), as orjson reads
-        them back, and is never changed once written: a document read from a
-        store is never changed in place (a record is made from it). The
-        test suite checks both on every read (:data:`CHECK_KNOWN`).
+        them back (no NaN or Infinity, which orjson writes as ``null``: see
+        :func:`encode_doc`), and is never changed once written: a document
+        read from a store is never changed in place (a record is made from
+        it). The test suite checks both on every read (:data:`CHECK_KNOWN`).
     """
 
     doc: Any = None
