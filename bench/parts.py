@@ -466,6 +466,13 @@ def main(args: Any) -> int:
         for _, driver in sides:  # warm up every route
             for route in routes:
                 driver.run(route, 200)
+        if "tool call+result" in routes:
+            # Every task's history full (its last CALL_HISTORY calls), as a
+            # long-running agent's and as bench/run.py's tasks reach in a run:
+            # the floor's task document is that size too (floors.TASK_DOC_BYTES).
+            from sidecar.core.tasks.state import CALL_HISTORY
+
+            side.run("tool call+result", 2 * CALL_HISTORY * len(side.tasks))
 
         def measure(into: dict[str, dict[str, list[dict[str, float]]]]) -> None:
             # Rounds alternate the two sides, so both see the same moments of load.
