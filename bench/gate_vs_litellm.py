@@ -190,39 +190,13 @@ def _floor(folder: str, redis_url: str, upstream: str, workers: int) -> Iterator
 @contextmanager
 def _forward(upstream: str, workers: int) -> Iterator[str]:
     """bench/forward.py under ``loopstop serve``'s gunicorn settings."""
-    from run import SERVE_SETTINGS
+    from run import start_bare
 
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--chdir",
-            str(ROOT / "bench"),
-            "-w",
-            str(workers),
-            "-b",
-            f"127.0.0.1:{port}",
-            *SERVE_SETTINGS,
-            "--log-level",
-            "warning",
-            "forward:create_app()",
-        ],
-        env={**os.environ, "FORWARD_UPSTREAM": upstream, "PYTHONPATH": str(ROOT)},
+    proc, base = start_bare(
+        workers, None, environ={"FORWARD_UPSTREAM": upstream}, factory="forward:create_app()"
     )
-    base = f"http://127.0.0.1:{port}/v1/openai"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.post(base + "/chat/completions", json=_body("chat", "t"), timeout=2)
-                break
-            except requests.RequestException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        yield base
+        yield base + "/v1/openai"
     finally:
         proc.terminate()
         proc.wait(10)

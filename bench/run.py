@@ -196,12 +196,15 @@ def start_bare(
     store_url: str | None = None,
     upstream: str = "",
     environ: dict[str, str] | None = None,
+    factory: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """The bare route (``store_url`` None), or the floor of the store it names
     (bench/floors.py: the least store work of each route); ``environ`` adds to the
-    floor's settings (``FLOOR_TASK_DOC_BYTES``)."""
+    floor's settings (``FLOOR_TASK_DOC_BYTES``). ``factory`` serves another of
+    bench/'s apps under the same settings (``forward:create_app()``)."""
     port = free_port()
-    factory = "bare:create_app()" if store_url is None else "floors:create_app()"
+    if factory is None:
+        factory = "bare:create_app()" if store_url is None else "floors:create_app()"
     proc = subprocess.Popen(
         [
             sys.executable,
