@@ -17,10 +17,12 @@ RECENT_KEYS = 4096
 RECENT_CHARS = 16_000_000
 #: The longest document kept (characters): a larger one is read again next time.
 _LARGEST = RECENT_CHARS // 16
-#: Characters of the texts whose written documents are kept beside them
-#: (:class:`~sidecar.store.plan.WrittenText`); a document costs about three
-#: times its text in memory, so this bounds them to about 12 MB per store object.
-RECENT_DOC_CHARS = 4_000_000
+#: The memory (bytes, as :func:`~sidecar.store.plan.doc_cost` estimates it)
+#: of the written documents kept beside their texts
+#: (:class:`~sidecar.store.plan.WrittenText`), per store object: about 55
+#: task documents with full histories (estimated at 290 KB each; each takes
+#: about 145 KB).
+RECENT_DOC_BYTES = 16_000_000
 
 
 class RecentValues:
@@ -29,14 +31,15 @@ class RecentValues:
     characters of documents, the least recently used forgotten first.
 
     A text this process wrote keeps the document it was written from (read
-    back without parsing) while it is among the last :data:`RECENT_DOC_CHARS`
-    characters of such texts remembered; an older one lets it go."""
+    back without parsing) while its document is among the last
+    :data:`RECENT_DOC_BYTES` of such documents remembered (by estimated
+    memory); an older one lets it go."""
 
     def __init__(self) -> None:
         self._values: OrderedDict[str, str | None] = OrderedDict()
         self._chars = 0
         self._docs: OrderedDict[str, WrittenText] = OrderedDict()
-        self._doc_chars = 0
+        self._doc_bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: str) -> str | None:
@@ -106,16 +109,16 @@ class RecentValues:
     def _keep_doc(self, key: str, text: WrittenText) -> None:
         docs = self._docs
         docs[key] = text
-        self._doc_chars += len(text)
-        while self._doc_chars > RECENT_DOC_CHARS:
+        self._doc_bytes += text.cost
+        while self._doc_bytes > RECENT_DOC_BYTES:
             _, oldest = docs.popitem(last=False)
-            self._doc_chars -= len(oldest)
+            self._doc_bytes -= oldest.cost
             oldest.doc = None  # read from its text from now on
 
     def _drop_doc(self, key: str) -> None:
         text = self._docs.pop(key, None)
         if text is not None:
-            self._doc_chars -= len(text)
+            self._doc_bytes -= text.cost
 
     def _forget(self, keys: Iterable[str]) -> None:
         values = self._values

@@ -4,10 +4,13 @@ orjson writes the same bytes back, else with the standard library)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+import tracemalloc
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +21,7 @@ from sidecar.store.plan import (
     LARGE_DOC_CHARS,
     WrittenText,
     decode_doc,
+    doc_cost,
     encode_doc,
     written_text,
 )
@@ -130,8 +134,8 @@ def test_recent_values_keep_documents_up_to_their_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     texts = {f"t{i}": written_text(_large()) for i in range(4)}
-    size = len(texts["t0"])
-    monkeypatch.setattr(recent, "RECENT_DOC_CHARS", 2 * size)
+    assert isinstance(texts["t0"], WrittenText)
+    monkeypatch.setattr(recent, "RECENT_DOC_BYTES", 2 * texts["t0"].cost)
     values = recent.RecentValues()
     values.remember(texts.items())
     kept = [k for k, t in texts.items() if decode_doc(k, t) is t.doc and t.doc is not None]
@@ -142,3 +146,31 @@ def test_recent_values_keep_documents_up_to_their_budget(
     values.forget(["t3"])
     values.remember([("t4", written_text(_large()))])
     assert texts["t2"].doc is not None  # t3's place was freed: nothing else let go
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        _large(200),  # a task's full history
+        {"task_id": "t1", "last_good": [{} for _ in range(20_000)]},  # many tiny containers
+        {"task_id": "t1", "result": [[i, "x"] for i in range(5_000)]},
+        {"task_id": "t1", "result": "x" * 50_000},  # one long string
+        {"result": "x" * 50_000},
+        {"task_id": "t1", "result": ["ab"] * 20_000},  # many short strings
+    ],
+)
+def test_the_cost_a_kept_document_is_budgeted_at_is_at_least_its_memory(doc: Any) -> None:
+    """RecentValues budgets kept documents by doc_cost: it must not fall short
+    of what the document takes, whatever its shape (a text of many small
+    containers takes some 40 times its length)."""
+    data = orjson.dumps(doc)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        read = orjson.loads(data)
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert read == doc
+    assert taken <= doc_cost(data) <= 4 * max(taken, len(data))
