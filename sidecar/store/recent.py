@@ -19,8 +19,8 @@ RECENT_CHARS = 16_000_000
 _LARGEST = RECENT_CHARS // 16
 #: The memory (bytes, as :func:`~sidecar.store.plan.doc_cost` estimates it)
 #: of the written documents kept beside their texts
-#: (:class:`~sidecar.store.plan.WrittenText`), per store object: about 55
-#: task documents with full histories (estimated at 290 KB each; each takes
+#: (:class:`~sidecar.store.plan.WrittenText`), per store object: about 70
+#: task documents with full histories (estimated at 220 KB each; each takes
 #: about 145 KB).
 RECENT_DOC_BYTES = 16_000_000
 

@@ -157,6 +157,9 @@ def test_recent_values_keep_documents_up_to_their_budget(
         {"task_id": "t1", "result": "x" * 50_000},  # one long string
         {"result": "x" * 50_000},
         {"task_id": "t1", "result": ["ab"] * 20_000},  # many short strings
+        {"task_id": "t1", "result": [{"a": i} for i in range(10_000)]},
+        {"task_id": "t1", "result": [[[[[i]]]] for i in range(5_000)]},
+        {"task_id": "t1", "result": [{"a": {"b": {"c": i}}} for i in range(3_000)]},
     ],
 )
 def test_the_cost_a_kept_document_is_budgeted_at_is_at_least_its_memory(doc: Any) -> None:
