@@ -49,20 +49,19 @@ class WrittenText(str):
     """
 
     doc: Any = None
-    #: What ``doc`` is estimated to cost in memory (bytes, :func:`doc_cost`).
-    cost: int = 0
 
 
-def doc_cost(data: bytes) -> int:
-    """An upper estimate of the memory (bytes) the document ``data`` reads into:
-    its text, 200 bytes an object or array (a dict of up to five members takes
-    184), 64 a member or element past a container's first (a short string and
-    its slot take 59), and 256 beside. A task document of 38 KB comes to about
-    220 KB (143 KB measured); a text of many small containers (``[{},{},...]``)
-    takes some 24 times its length, which a count of characters would miss.
-    Three passes over the text: about 65 us on 38 KB, against 220 us to parse it."""
-    containers = data.count(b"{") + data.count(b"[")
-    return 256 + len(data) + 200 * containers + 64 * data.count(b",")
+def doc_cost(text: str) -> int:
+    """An upper estimate of the memory (bytes) the document ``text`` reads into:
+    its length, 200 bytes an object or array (a dict of up to five members
+    takes 184), 64 a member or element past a container's first (a short
+    string and its slot take 59), and 256 beside. A task document of 38 KB
+    comes to about 220 KB (143 KB measured); a text of many small containers
+    (``[{},{},...]``) takes some 24 times its length, which a count of
+    characters would miss. Three passes over the text: about 65 us on 38 KB,
+    against 220 us to parse it."""
+    containers = text.count("{") + text.count("[")
+    return 256 + len(text) + 200 * containers + 64 * text.count(",")
 
 
 def written(doc: Any) -> tuple[str, bytes]:
@@ -80,7 +79,6 @@ def written(doc: Any) -> tuple[str, bytes]:
     kept = WrittenText(data, "utf-8")
     if len(data) >= KEEP_DOC_CHARS:
         kept.doc = doc
-        kept.cost = doc_cost(data)
     return kept, data
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sidecar.store.base import META_ID, Plan
-from sidecar.store.plan import WrittenText
+from sidecar.store.plan import WrittenText, doc_cost
 
 #: Keys and characters of documents :class:`RecentValues` keeps per store object.
 RECENT_KEYS = 4096
@@ -38,7 +38,9 @@ class RecentValues:
     def __init__(self) -> None:
         self._values: OrderedDict[str, str | None] = OrderedDict()
         self._chars = 0
-        self._docs: OrderedDict[str, WrittenText] = OrderedDict()
+        # Each kept text and its document's estimated memory (doc_cost, made
+        # when it is first kept: a text never remembered costs nothing).
+        self._docs: OrderedDict[str, tuple[WrittenText, int]] = OrderedDict()
         self._doc_bytes = 0
         self._lock = threading.Lock()
 
@@ -108,17 +110,18 @@ class RecentValues:
 
     def _keep_doc(self, key: str, text: WrittenText) -> None:
         docs = self._docs
-        docs[key] = text
-        self._doc_bytes += text.cost
+        cost = doc_cost(text)
+        docs[key] = (text, cost)
+        self._doc_bytes += cost
         while self._doc_bytes > RECENT_DOC_BYTES:
-            _, oldest = docs.popitem(last=False)
-            self._doc_bytes -= oldest.cost
+            _, (oldest, oldest_cost) = docs.popitem(last=False)
+            self._doc_bytes -= oldest_cost
             oldest.doc = None  # read from its text from now on
 
     def _drop_doc(self, key: str) -> None:
-        text = self._docs.pop(key, None)
-        if text is not None:
-            self._doc_bytes -= text.cost
+        kept = self._docs.pop(key, None)
+        if kept is not None:
+            self._doc_bytes -= kept[1]
 
     def _forget(self, keys: Iterable[str]) -> None:
         values = self._values

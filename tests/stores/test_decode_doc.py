@@ -135,7 +135,7 @@ def test_recent_values_keep_documents_up_to_their_budget(
 ) -> None:
     texts = {f"t{i}": written_text(_large()) for i in range(4)}
     assert isinstance(texts["t0"], WrittenText)
-    monkeypatch.setattr(recent, "RECENT_DOC_BYTES", 2 * texts["t0"].cost)
+    monkeypatch.setattr(recent, "RECENT_DOC_BYTES", 2 * doc_cost(texts["t0"]))
     values = recent.RecentValues()
     values.remember(texts.items())
     kept = [k for k, t in texts.items() if decode_doc(k, t) is t.doc and t.doc is not None]
@@ -176,4 +176,4 @@ def test_the_cost_a_kept_document_is_budgeted_at_is_at_least_its_memory(doc: Any
     finally:
         tracemalloc.stop()
     assert read == doc
-    assert taken <= doc_cost(data) <= 4 * max(taken, len(data))
+    assert taken <= doc_cost(data.decode()) <= 4 * max(taken, len(data))
